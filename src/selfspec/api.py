@@ -1,0 +1,171 @@
+"""The public surface: ``selfspec.load(...)`` returns a generator with ``generate``/``stream``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .config import GenerationConfig
+from .core.kv_cache import new_cache
+from .core.sampling import Warper
+from .decoding.loop import run
+from .decoding.state import DecodeState
+from .decoding.text import IncrementalDetokenizer, encode_prompt, make_stop_check
+from .errors import SelfspecError
+from .models.bundled import DEFAULT_MODEL
+from .models.loading import LoadedModel, load_model
+from .models.selftest import tree_self_test
+from .registry import METHODS, BuildContext, method_config
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced (the JSON of ``selfspec generate --json``).
+
+    ``steps`` counts target forwards that produced tokens (the prompt forward included), so
+    ``mean_accepted`` (tau) = ``new_tokens / steps`` is 1.0 for ``ar``.
+    """
+
+    text: str
+    token_ids: list[int]
+    new_tokens: int
+    steps: int
+    mean_accepted: float
+    acceptance_by_depth: list[float]
+    wall_s: float
+    tokens_per_s: float
+    method: str
+    model: str
+    lossless: bool
+    prompt_tokens: int = 0
+    finish_reason: str = ""
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+    committed_per_step: list[int] = field(default_factory=list)
+
+    JSON_KEYS = ("text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth", "wall_s",
+                 "tokens_per_s", "method", "model", "lossless")
+
+    def to_dict(self, full: bool = False) -> dict:
+        d = asdict(self)
+        return d if full else {k: d[k] for k in self.JSON_KEYS}
+
+
+class SpeculativeGenerator:
+    """A target model plus one method. Not thread-safe: one request at a time."""
+
+    def __init__(self, target: LoadedModel, method: str, drafter, lossless: bool) -> None:
+        self.target = target
+        self.method = method
+        self.drafter = drafter
+        self.lossless = lossless
+        self.last_result: GenerationResult | None = None
+        gc = target.model.generation_config
+        eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
+        if eos is None and target.tokenizer is not None:
+            eos = target.tokenizer.eos_token_id
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def _state(self, prompt: str | Sequence[int], cfg: GenerationConfig, chat: bool) -> DecodeState:
+        model = self.target.model
+        ids = encode_prompt(self.tokenizer, prompt, chat, model.config.vocab_size)
+        ctx = self.target.context_length
+        if len(ids) >= ctx:
+            raise SelfspecError(f"the prompt has {len(ids)} tokens but the model's context is {ctx}; shorten it")
+        if len(ids) + cfg.max_new_tokens > ctx:
+            raise SelfspecError(
+                f"max_new_tokens {cfg.max_new_tokens} is beyond the context: the prompt has {len(ids)} tokens and "
+                f"the model's context is {ctx}; use --max-new-tokens {ctx - len(ids)} or less"
+            )
+        device = self.target.device
+        gen = torch.Generator(device=device).manual_seed(cfg.seed)
+        return DecodeState(
+            ids=list(ids), prompt_len=len(ids), cfg=cfg,
+            warper=Warper(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), generator=gen,
+            cache=new_cache(model.config), eos_ids=self.eos_ids,
+            stop_check=make_stop_check(self.tokenizer, cfg.stop),
+        )
+
+    def _result(self, state: DecodeState, wall: float) -> GenerationResult:
+        gen = state.generated
+        st = state.stats
+        text = self.tokenizer.decode(gen, skip_special_tokens=True) if self.tokenizer is not None else ""
+        return GenerationResult(
+            text=text, token_ids=list(gen), new_tokens=len(gen), steps=st.steps,
+            mean_accepted=len(gen) / st.steps if st.steps else 0.0,
+            acceptance_by_depth=st.acceptance_by_depth(), wall_s=wall,
+            tokens_per_s=len(gen) / wall if wall > 0 else 0.0, method=self.method, model=self.target.name,
+            lossless=self.lossless, prompt_tokens=state.prompt_len, finish_reason=state.finish_reason or "",
+            draft_s=st.draft_s, verify_s=st.verify_s, prefill_s=st.prefill_s,
+            committed_per_step=list(st.committed_per_step),
+        )
+
+    def _steps(self, prompt, chat: bool, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:
+        cfg = GenerationConfig(**gen_kwargs)
+        state = self._state(prompt, cfg, chat)
+        t0 = time.perf_counter()
+        for new in run(state, self.target.model, self.drafter):
+            yield state, new
+        self.last_result = self._result(state, time.perf_counter() - t0)
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
+                 stop: Sequence[str] = (), ignore_eos: bool = False) -> GenerationResult:
+        """Generate from a text prompt (chat-templated unless ``chat=False``) or a list of token
+        ids (used as is). Greedy when ``temperature == 0``."""
+        for _ in self._steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                             top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos):
+            pass
+        return self.last_result
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
+               stop: Sequence[str] = (), ignore_eos: bool = False) -> Iterator[str]:
+        """Yield text pieces as tokens are accepted; ``last_result`` holds the stats afterwards."""
+        for piece, _ in self.stream_steps(prompt, max_new_tokens, temperature, top_p, top_k, seed, chat, stop,
+                                          ignore_eos):
+            if piece:
+                yield piece
+
+    def stream_steps(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                     top_k: int = 0, seed: int = 0, chat: bool = True, stop: Sequence[str] = (),
+                     ignore_eos: bool = False) -> Iterator[tuple[str, list[int]]]:
+        """Like :meth:`stream`, also yielding the ids committed at each step."""
+        if self.tokenizer is None:
+            raise SelfspecError("streaming text needs a tokenizer; this model has none")
+        detok = IncrementalDetokenizer(self.tokenizer)
+        for _, new in self._steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos):
+            yield detok.push(new), new
+
+
+def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = "ar", device: str | None = "cpu",
+         dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
+         **method_options) -> SpeculativeGenerator:
+    """Load a model and a decoding method.
+
+    Args:
+        model: bundled name, local HF directory, ``.gguf`` file, hub id, or an already loaded model.
+        method: one of ``selfspec.METHODS`` (e.g. ``"ar"``, ``"pld"``, ``"draft-model"``).
+        device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``.
+        dtype: ``float32`` (default; exact greedy equality), ``bfloat16`` or ``float16``.
+        trust_remote_code: allow custom modelling code from a model repository (off by default).
+        self_test: check at load time that tree verification equals sequential decoding.
+        **method_options: options of the method's config, e.g. ``draft_model="..."``, ``k=4``.
+    """
+    cfg = method_config(method, method_options)
+    target = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, trust_remote_code)
+    if self_test:
+        tree_self_test(target.model)
+    ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code)
+    spec = METHODS[method]
+    drafter = spec.build(target, cfg, ctx)
+    return SpeculativeGenerator(target, method, drafter, spec.lossless)

@@ -1,0 +1,117 @@
+"""Acceptance rules: which drafted tokens the target keeps, and the bonus token.
+
+* :func:`accept_greedy`: follow the child whose token is the target's argmax; the bonus token is
+  the argmax at the last accepted node. Identical output to greedy decoding by construction.
+* :func:`accept_sampling`: recursive rejection sampling over the tree (SpecInfer / EAGLE style).
+  At a node with target distribution ``p`` the children are tried in order; child ``j`` with
+  token ``x`` drawn from ``q_j`` is accepted with probability ``min(1, p(x) / q_j(x))``;
+  otherwise ``p <- norm(max(p - q_j, 0))`` and the next sibling is tried. When every child is
+  rejected the bonus token is drawn from the residual ``p``. For a chain this is the classic
+  speculative sampling rule (Leviathan et al., Chen et al.); for deterministic drafts ``q_j`` is
+  one-hot, so a draft is accepted with probability ``p(x)`` and rejected mass is removed from p.
+  The output distribution equals the target's warped distribution (tested in
+  ``tests/core/test_acceptance_sampling.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import Warper, sample
+from .tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Result of verifying one tree.
+
+    Attributes:
+        accepted_nodes: node indices of the accepted path, starting with the root 0.
+        bonus_token: the token the target chose after the last accepted node; it becomes the
+            next pending token.
+    """
+
+    accepted_nodes: list[int]
+    bonus_token: int
+
+    @property
+    def num_accepted(self) -> int:
+        """Accepted drafted tokens (root excluded). Tokens committed this step = this + 1."""
+        return len(self.accepted_nodes) - 1
+
+
+def accept_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
+    """Greedy verification.
+
+    Args:
+        tree: the verified tree with N nodes.
+        target_logits: ``[N, V]`` target logits at each node (they predict the node's children).
+    """
+    best = target_logits.argmax(dim=-1).tolist()
+    node = 0
+    path = [0]
+    tokens = tree.token_list
+    while True:
+        nxt = next((c for c in tree.children[node] if tokens[c] == best[node]), None)
+        if nxt is None:
+            return Verdict(path, best[node])
+        node = nxt
+        path.append(node)
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm(max(p - q, 0))``; returns ``p`` unchanged if nothing is left (q dominates p).
+
+    The fallback can only be reached with probability zero (an exact ``p == q`` means the draft
+    was accepted), but floating point can still land there, so it must not produce NaN.
+    """
+    r = (p - q).clamp_min(0.0)
+    s = r.sum()
+    if s <= 0:
+        return p
+    return r / s
+
+
+def accept_sampling(
+    tree: DraftTree,
+    target_logits: torch.Tensor,
+    warper: Warper,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Lossless recursive rejection sampling over a tree (a chain is a tree).
+
+    Args:
+        tree: N nodes; ``tree.draft_probs`` (``[N, V]``) gives each drafted node's ``q``, or
+            ``None`` for deterministic drafts (one-hot ``q``).
+        target_logits: ``[N, V]`` raw target logits at each node.
+        warper: the request's temperature / top-k / top-p, applied to the target here exactly as
+            the drafter applied it to ``q``.
+        generator: the request's RNG.
+    """
+    tokens = tree.token_list
+    node = 0
+    path = [0]
+    while True:
+        p = warper.probs(target_logits[node])
+        for child in tree.children[node]:
+            x = tokens[child]
+            if tree.draft_probs is None:
+                qx = 1.0
+            else:
+                qx = float(tree.draft_probs[child, x])
+            px = float(p[x])
+            u = float(torch.rand((), generator=generator, device=p.device))
+            if qx > 0 and u * qx < px:  # accept with probability min(1, px / qx)
+                node = child
+                path.append(child)
+                break
+            if tree.draft_probs is None:
+                q = torch.zeros_like(p)
+                q[x] = 1.0
+            else:
+                q = tree.draft_probs[child].to(p)
+            p = _residual(p, q)
+        else:
+            return Verdict(path, sample(p, generator))

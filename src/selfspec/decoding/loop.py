@@ -1,0 +1,115 @@
+"""The only decode loop: prefill -> (propose -> verify -> accept -> commit -> observe)*.
+
+Every method, ``ar`` included, runs through :func:`run`; they differ only in the drafter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from ..core import kv_cache
+from ..core.acceptance import Verdict, accept_greedy, accept_sampling
+from ..core.sampling import sample
+from ..drafters.base import Drafter, Proposal
+from ..models.adapter import forward_block
+from .state import DecodeState, VerifyOutput
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def choose_token(state: DecodeState, logits: torch.Tensor) -> int:
+    """Greedy argmax or a sample from the warped distribution (``logits``: ``[V]``)."""
+    if state.warper.greedy:
+        return int(logits.argmax())
+    return sample(state.warper.probs(logits), state.generator)
+
+
+def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> list[int]:
+    """Run the prompt (all but nothing: the whole prompt, like ``generate``), choose the first
+    token, and hand the prompt forward to the drafter. Returns the committed first token(s)."""
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    prompt = torch.tensor(state.ids, dtype=torch.long)
+    out = model(
+        input_ids=prompt.to(device)[None],
+        past_key_values=state.cache,
+        use_cache=True,
+        output_hidden_states=drafter.needs_hidden,
+        logits_to_keep=1,
+    )
+    logits = out.logits[0, -1].float()
+    first = choose_token(state, logits)
+    _sync(device)
+    state.stats.prefill_s += time.perf_counter() - t0
+    hidden = tuple(h[0] for h in out.hidden_states) if drafter.needs_hidden else None
+    kept = state.commit([first])
+    state.stats.record(0, 0, len(kept))
+    t1 = time.perf_counter()
+    drafter.prefill(state, VerifyOutput(0, logits[None], None, hidden))
+    state.stats.draft_s += time.perf_counter() - t1
+    return kept
+
+
+def verify(state: DecodeState, model: torch.nn.Module, proposal: Proposal, want_hidden: bool) -> VerifyOutput:
+    """One target forward over the tree (and piggyback tokens), KV appended after ``base``."""
+    tree, pig = proposal.tree, proposal.piggyback
+    base = kv_cache.cache_length(state.cache)
+    ids = tree.tokens
+    positions = tree.depths + base
+    block = None
+    if pig is not None or not tree.is_chain:
+        block = tree.ancestor_mask
+        if pig is not None:
+            n, m = tree.size, pig.tokens.numel()
+            full = torch.zeros(n + m, n + m, dtype=torch.bool)
+            full[:n, :n] = block
+            full[n:] = pig.mask
+            block = full
+            ids = torch.cat([ids, pig.tokens])
+            positions = torch.cat([positions, pig.positions])
+    out = forward_block(model, state.cache, ids, positions, block, want_hidden)
+    n = tree.size
+    pig_logits = out.logits[n:] if pig is not None else None
+    return VerifyOutput(base, out.logits[:n], pig_logits, out.hidden)
+
+
+def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict:
+    if state.warper.greedy:
+        return accept_greedy(proposal.tree, out.tree_logits)
+    return accept_sampling(proposal.tree, out.tree_logits, state.warper, state.generator)
+
+
+@torch.inference_mode()
+def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> Iterator[list[int]]:
+    """Decode until a stop condition; yields the token ids committed at each step."""
+    device = next(model.parameters()).device
+    yield prefill(state, model, drafter)
+    while not state.done:
+        t0 = time.perf_counter()
+        proposal = drafter.propose(state)
+        tree = proposal.tree.truncate_depth(state.draft_room)
+        if tree is not proposal.tree:
+            proposal = Proposal(tree, proposal.piggyback)
+        if tree.token_list[0] != state.pending:
+            raise RuntimeError(f"drafter {drafter.name} proposed a tree whose root is not the pending token")
+        _sync(device)
+        t1 = time.perf_counter()
+        out = verify(state, model, proposal, drafter.needs_hidden)
+        verdict = accept(state, proposal, out)
+        kv_cache.commit(state.cache, out.base, verdict.accepted_nodes)
+        _sync(device)
+        t2 = time.perf_counter()
+        new = tree.path_tokens(verdict.accepted_nodes[1:]) + [verdict.bonus_token]
+        kept = state.commit(new)
+        drafter.observe(state, proposal, verdict, out)
+        t3 = time.perf_counter()
+        state.stats.draft_s += (t1 - t0) + (t3 - t2)
+        state.stats.verify_s += t2 - t1
+        state.stats.record(int(tree.depths.max()), verdict.num_accepted, len(kept))
+        yield kept

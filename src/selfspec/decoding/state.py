@@ -1,0 +1,129 @@
+"""Explicit per-request decode state: committed ids, cache, RNG, stopping and statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from ..config import GenerationConfig
+from ..core.sampling import Warper
+
+
+@dataclass(frozen=True)
+class VerifyOutput:
+    """Target outputs of one forward (prefill or verify).
+
+    Attributes:
+        base: target cache length before the forward.
+        tree_logits: ``[N, V]`` logits at each tree node (for the prefill: ``[1, V]``, last token).
+        piggyback_logits: ``[M, V]`` logits of piggyback tokens, or None.
+        hidden: per-layer hidden states ``[N + M, H]`` (prefill: ``[P, H]``) when a drafter asked.
+    """
+
+    base: int
+    tree_logits: torch.Tensor
+    piggyback_logits: torch.Tensor | None = None
+    hidden: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class StepStats:
+    """Counters for one request (names as in ``docs/DESIGN.md`` section 5)."""
+
+    steps: int = 0  # target forwards that produced tokens (prefill included)
+    committed_per_step: list[int] = field(default_factory=list)
+    proposed_by_depth: list[int] = field(default_factory=list)
+    accepted_by_depth: list[int] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+
+    def record(self, tree_depth: int, num_accepted: int, committed: int) -> None:
+        while len(self.proposed_by_depth) < tree_depth:
+            self.proposed_by_depth.append(0)
+            self.accepted_by_depth.append(0)
+        for d in range(tree_depth):
+            self.proposed_by_depth[d] += 1
+            if d < num_accepted:
+                self.accepted_by_depth[d] += 1
+        self.steps += 1
+        self.committed_per_step.append(committed)
+
+    def acceptance_by_depth(self) -> list[float]:
+        """Acceptance rate at depth d = accepted drafts at depth d / proposed drafts at depth d."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_by_depth, self.proposed_by_depth)]
+
+
+@dataclass
+class DecodeState:
+    """Everything one request owns. Invariant between steps: ``cache`` holds the KV of
+    ``ids[:-1]``; ``ids[-1]`` is the pending token.
+
+    Attributes:
+        ids: prompt ids followed by generated ids.
+        prompt_len: number of prompt ids.
+        cfg: the request's generation config.
+        warper: temperature / top-k / top-p, shared by draft and target.
+        generator: the request's RNG (sampling only).
+        cache: the target's KV cache.
+        eos_ids: ids that end generation (unless ``cfg.ignore_eos``).
+        stop_check: returns how many generated tokens to keep when a stop string completed.
+    """
+
+    ids: list[int]
+    prompt_len: int
+    cfg: GenerationConfig
+    warper: Warper
+    generator: torch.Generator
+    cache: DynamicCache
+    eos_ids: frozenset[int]
+    stop_check: Callable[[list[int]], int | None] | None = None
+    finish_reason: str | None = None
+    stats: StepStats = field(default_factory=StepStats)
+
+    @property
+    def pending(self) -> int:
+        return self.ids[-1]
+
+    @property
+    def generated(self) -> list[int]:
+        return self.ids[self.prompt_len :]
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def draft_room(self) -> int:
+        """How many drafted tokens after the pending one can still be used (a step also adds a
+        bonus token, so one fewer than the tokens left)."""
+        return max(0, self.cfg.max_new_tokens - len(self.generated) - 1)
+
+    def commit(self, new: list[int]) -> list[int]:
+        """Append accepted tokens, applying EOS, max_new_tokens and stop strings.
+
+        Returns:
+            the tokens actually kept (a prefix of ``new``).
+        """
+        kept: list[int] = []
+        for t in new:
+            self.ids.append(t)
+            kept.append(t)
+            if len(self.generated) >= self.cfg.max_new_tokens:
+                self.finish_reason = "length"
+                break
+            if t in self.eos_ids and not self.cfg.ignore_eos:
+                self.finish_reason = "eos"
+                break
+        if self.stop_check is not None:
+            keep = self.stop_check(self.generated)
+            if keep is not None:
+                drop = len(self.generated) - keep
+                if drop:
+                    del self.ids[-drop:]
+                    kept = kept[: len(kept) - drop]
+                self.finish_reason = "stop"
+        return kept

@@ -1,0 +1,81 @@
+"""Prompt encoding (chat template), stop strings and incremental detokenisation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..errors import SelfspecError
+
+
+def encode_prompt(tokenizer, prompt: str | Sequence[int], chat: bool, vocab_size: int) -> list[int]:
+    """Token ids for a prompt. A list of ids is used as is (never templated).
+
+    With ``chat`` and a tokenizer that has a chat template, the prompt becomes one user turn
+    followed by the assistant generation prompt.
+    """
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise SelfspecError("the prompt is empty; pass some text (or token ids)")
+        if tokenizer is None:
+            raise SelfspecError("this model has no tokenizer; pass the prompt as a list of token ids")
+        if chat and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        ids = [int(i) for i in ids]
+    else:
+        try:
+            ids = [int(i) for i in prompt]
+        except (TypeError, ValueError) as e:
+            raise SelfspecError("the prompt must be a string or a list of integer token ids") from e
+        if not ids:
+            raise SelfspecError("the prompt is empty; pass some text (or token ids)")
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad:
+            raise SelfspecError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size}); check the prompt ids")
+    if not ids:
+        raise SelfspecError("the prompt encodes to zero tokens; pass some text")
+    return ids
+
+
+def make_stop_check(tokenizer, stops: Sequence[str]) -> Callable[[list[int]], int | None] | None:
+    """A function of the generated ids returning how many to keep when a stop string appeared
+    (the tokens up to and including the one that completes it), else None."""
+    if not stops:
+        return None
+    if tokenizer is None:
+        raise SelfspecError("stop strings need a tokenizer; this model has none")
+
+    def check(generated: list[int]) -> int | None:
+        text = tokenizer.decode(generated, skip_special_tokens=False)
+        if not any(s in text for s in stops):
+            return None
+        for t in range(1, len(generated) + 1):
+            piece = tokenizer.decode(generated[:t], skip_special_tokens=False)
+            if any(s in piece for s in stops):
+                return t
+        return len(generated)
+
+    return check
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of ids into text pieces; holds back incomplete UTF-8 characters."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, new: list[int]) -> str:
+        self.ids.extend(new)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        piece = text[len(self.emitted) :] if text.startswith(self.emitted) else text
+        self.emitted = text
+        return piece

@@ -1,0 +1,122 @@
+"""``draft-model``: classic speculative decoding with a smaller model that shares the tokenizer.
+
+The draft keeps its own KV cache. Each step it catches up on the committed tokens it has not
+seen, drafts k tokens one at a time (greedy, or sampled from the warped draft distribution q,
+whose rows travel with the tree for the lossless acceptance rule), and after verification rolls
+its cache back to the longest prefix that is still committed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..core import kv_cache
+from ..core.acceptance import Verdict
+from ..core.sampling import sample
+from ..core.tree import DraftTree
+from ..decoding.state import DecodeState, VerifyOutput
+from ..errors import SelfspecError
+from .base import Proposal
+from .budget import ChainBudget
+
+
+@dataclass(frozen=True)
+class DraftModelConfig:
+    """Options of ``draft-model``.
+
+    Attributes:
+        draft_model: bundled name, directory, .gguf file or hub id of the draft.
+        k: fixed draft length, or the largest considered when ``auto_k``.
+        auto_k: size drafts from the measured cost profile, draft cost and acceptance.
+    """
+
+    draft_model: str = ""
+    k: int = 8
+    auto_k: bool = True
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
+    """Refuse a draft whose tokenizer differs from the target's: its ids would mean other text."""
+    same = target_tok.get_vocab() == draft_tok.get_vocab() and target_tok.eos_token_id == draft_tok.eos_token_id
+    if not same:
+        raise SelfspecError(
+            f"draft model '{draft_name}' uses a different tokenizer than the target; "
+            "choose a draft from the same model family (same vocabulary)"
+        )
+    if draft_vocab > target_vocab:
+        raise SelfspecError(
+            f"draft model '{draft_name}' has a larger output vocabulary ({draft_vocab}) than the target "
+            f"({target_vocab}); choose a draft from the same model family"
+        )
+
+
+class DraftModelDrafter:
+    name = "draft-model"
+    lossless = True
+    needs_hidden = False
+
+    def __init__(self, draft: torch.nn.Module, target_vocab: int, budget: ChainBudget) -> None:
+        """
+        Args:
+            draft: a stock HF causal LM on the same device as the target.
+            target_vocab: the target's logits width V; q rows are padded to it.
+            budget: picks the draft length each step.
+        """
+        self.draft = draft
+        self.target_vocab = target_vocab
+        self.budget = budget
+        self.device = next(draft.parameters()).device
+        self.cache = kv_cache.new_cache(draft.config)
+        self.length = 0  # committed tokens whose KV the draft cache holds
+
+    def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
+        self.cache = kv_cache.new_cache(self.draft.config)
+        self.length = 0
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        """Feed ``ids`` after the draft cache; returns the last position's logits ``[V_d]``."""
+        t = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
+        pos = torch.arange(self.length, self.length + len(ids), device=self.device)[None]
+        out = self.draft(input_ids=t, position_ids=pos, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.length += len(ids)
+        return out.logits[0, -1].float()
+
+    def propose(self, state: DecodeState) -> Proposal:
+        k = self.budget.choose(state.draft_room)
+        if k == 0:
+            return Proposal(DraftTree.chain([state.pending]))
+        t0 = time.perf_counter()
+        logits = self._forward(state.ids[self.length :])
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            if state.warper.greedy:
+                x = int(logits.argmax())
+            else:
+                q = state.warper.probs(logits)
+                if q.numel() < self.target_vocab:
+                    q = torch.nn.functional.pad(q, (0, self.target_vocab - q.numel()))
+                x = sample(q, state.generator)
+                qs.append(q)
+            tokens.append(x)
+            if i < k - 1:
+                logits = self._forward([x])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._last_draft_s = time.perf_counter() - t0
+        probs = None
+        if qs:
+            probs = torch.stack([torch.zeros_like(qs[0]), *qs])
+        return Proposal(DraftTree.chain([state.pending, *tokens], probs))
+
+    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
+        proposed = proposal.tree.size - 1
+        if proposed == 0:
+            return
+        # the draft cache is valid up to the last committed token that it saw
+        self.length = min(self.length, len(state.ids) - 1)
+        kv_cache.truncate(self.cache, self.length)
+        self.budget.update(proposed, verdict.num_accepted, self._last_draft_s)

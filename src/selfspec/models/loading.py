@@ -1,0 +1,151 @@
+"""Resolve what the user typed as ``--model`` and load a stock HF causal LM with its tokenizer.
+
+Accepted: a bundled name (``selfspec models list``), a local HF directory (safetensors only), a
+``.gguf`` file (converted once into the cache), or a hub id (where a hub is reachable).
+``trust_remote_code`` is off unless the caller turns it on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import SelfspecError
+from . import bundled
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A stock ``AutoModelForCausalLM`` in eval mode plus its tokenizer.
+
+    Attributes:
+        model: the HF model (``attn_implementation`` sdpa or eager, so 4-D masks are honoured).
+        tokenizer: its tokenizer.
+        name: what the user asked for (shown in reports).
+        path: the local directory the weights came from (None for a hub id).
+    """
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    path: Path | None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise SelfspecError(f"unknown dtype '{dtype}'; choose one of: float32, bfloat16, float16")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise SelfspecError(f"unknown device '{device}'; use cpu, cuda, cuda:N or mps") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SelfspecError(f"device '{device}' requested but no CUDA device is available; use --device cpu")
+    return dev
+
+
+def _gguf_cache_dir(path: Path) -> Path:
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return bundled.selfspec_home() / "models" / f"gguf-{path.stem}-{key}"
+
+
+def resolve_path(spec: str) -> tuple[Path | None, str]:
+    """Map a model spec to a local directory (pulling / converting if needed), or a hub id.
+
+    Returns:
+        ``(directory, "")`` for local weights, ``(None, hub_id)`` for a hub id.
+    """
+    if spec in bundled.BUNDLED:
+        return bundled.pull(spec), ""
+    p = Path(spec).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise SelfspecError(f"GGUF file not found: {spec}")
+        out = _gguf_cache_dir(p)
+        if out.is_dir() and bundled.verify_manifest(out) is None:
+            return out, ""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        bundled.convert_gguf(p, out, {"gguf": str(p.resolve())})
+        return out, ""
+    if p.is_dir():
+        if not any(p.glob("*.safetensors")):
+            raise SelfspecError(
+                f"no .safetensors weights in {spec}: selfspec loads safetensors only (pickle files can run code); "
+                "convert the checkpoint with save_pretrained(..., safe_serialization=True)"
+            )
+        if (p / bundled.MANIFEST).is_file():
+            reason = bundled.verify_manifest(p)
+            if reason is not None:
+                raise SelfspecError(f"{spec} is corrupt ({reason}); delete it or pull/convert it again")
+        return p, ""
+    if p.exists():
+        raise SelfspecError(f"{spec} is a file, not a model: pass a model directory, a .gguf file or a bundled name")
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        return None, spec
+    raise SelfspecError(
+        f"unknown model '{spec}': use a bundled name ({', '.join(bundled.BUNDLED)}), "
+        "a local HF directory, a .gguf file or a hub id like org/name"
+    )
+
+
+def load_model(
+    spec: str,
+    device: str | torch.device | None = "cpu",
+    dtype: str | torch.dtype = "float32",
+    trust_remote_code: bool = False,
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
+    """Load model ``spec`` for inference (eval mode, no grad)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype)
+    path, hub_id = resolve_path(spec)
+    source = str(path) if path is not None else hub_id
+    kwargs = dict(dtype=dt, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+                  use_safetensors=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except OSError as e:
+        if path is None:
+            raise SelfspecError(
+                f"could not load '{hub_id}' from the Hugging Face Hub (no network, unknown id, or no safetensors "
+                f"weights: {str(e).splitlines()[0]}); pass a bundled name or a local directory instead"
+            ) from e
+        raise SelfspecError(f"could not load the model in {path}: {str(e).splitlines()[0]}") from e
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise SelfspecError(
+                f"{spec} needs custom code from its repository; pass --trust-remote-code if you trust it"
+            ) from e
+        raise SelfspecError(f"could not load {spec}: {str(e).splitlines()[0]}") from e
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    if os.environ.get("SELFSPEC_VERBOSE"):
+        print(f"selfspec: loaded {spec} from {source} on {dev} ({dt})", file=sys.stderr)
+    return LoadedModel(model, tok, spec, path)
