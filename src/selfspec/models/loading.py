@@ -121,7 +121,9 @@ def load_model(
 ) -> LoadedModel:
     """Load model ``spec`` for inference (eval mode, no grad)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
     path, hub_id = resolve_path(spec)

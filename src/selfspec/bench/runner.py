@@ -1,0 +1,158 @@
+"""``selfspec bench``: every method and peer on the same prompts, in one process, against ``ar``.
+
+One JSONL record per (prompt, method, repeat) is appended and flushed as soon as it is measured,
+so an interrupted run keeps what it finished and ``--resume`` continues it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import SelfspecError
+from .datasets import Prompt, load_dataset
+from .peers import PEERS, run_peer
+from .report import summarize, write_report
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default="ar,pld", help="comma-separated methods; ar is always included")
+    p.add_argument("--peers", default="", help=f"comma-separated peers: {', '.join(PEERS)}")
+    p.add_argument("--dataset", default="builtin", help="builtin, mt-bench, humaneval or a .jsonl file")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the hf-pld peer")
+    p.add_argument("--out", default="bench-out", help="output directory (records.jsonl, report.md, report.json)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+
+
+def environment() -> dict:
+    import transformers
+
+    from ..core.cost import machine_id
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        sha = ""
+    return {"machine": machine_id(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": sha}
+
+
+def _record_key(r: dict) -> tuple:
+    return (r["prompt_id"], r["method"], r["repeat"])
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from ..api import load
+    from ..cli import method_options
+    from ..config import GenerationConfig
+
+    methods = [m for m in dict.fromkeys(["ar", *[m.strip() for m in args.methods.split(",") if m.strip()]])]
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for p in peers:
+        if p not in PEERS:
+            raise SelfspecError(f"unknown peer '{p}'; choose from {', '.join(PEERS)}")
+    if "hf-assisted" in peers and not args.draft_model:
+        raise SelfspecError("peer hf-assisted needs --draft-model")
+    if args.repeats < 1:
+        raise SelfspecError("--repeats must be at least 1")
+    gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+               top_k=args.top_k, seed=args.seed)
+    GenerationConfig(**gen)  # validate before loading anything
+    prompts = load_dataset(args.dataset, args.limit)
+
+    out = Path(args.out)
+    records_path = out / "records.jsonl"
+    done: dict[tuple, dict] = {}
+    if records_path.exists():
+        if not args.resume:
+            raise SelfspecError(f"{records_path} exists; pass --resume to continue it or choose another --out")
+        with open(records_path) as f:
+            for line in f:
+                if line.strip():
+                    try:
+                        r = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line cut by an interrupt
+                    done[_record_key(r)] = r
+    out.mkdir(parents=True, exist_ok=True)
+
+    generators = {}
+    ar = None
+    for m in methods:
+        opts = {} if m == "ar" else method_options(args, m)
+        generators[m] = load(model=ar.target if ar else args.model, method=m, device=args.device, dtype=args.dtype,
+                             trust_remote_code=args.trust_remote_code, self_test=ar is None, **opts)
+        ar = ar or generators[m]
+    target = ar.target
+    draft_model = None
+    if "hf-assisted" in peers:
+        draft_model = generators["draft-model"].drafter.draft if "draft-model" in generators else None
+        if draft_model is None:
+            from ..models.loading import load_model
+
+            draft_model = load_model(args.draft_model, args.device, args.dtype, args.trust_remote_code).model
+
+    meta = {"model": args.model, "draft_model": args.draft_model, "dataset": args.dataset, "prompts": len(prompts),
+            "methods": methods, "peers": peers, "generation": gen, "repeats": args.repeats,
+            "environment": environment()}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    def prompt_ids(p: Prompt) -> list[int]:
+        from ..decoding.text import encode_prompt
+
+        return encode_prompt(target.tokenizer, p.text, p.chat, target.model.config.vocab_size)
+
+    # warm-up: every method and peer once on a short generation
+    warm = prompts[0]
+    for m, g in generators.items():
+        g.generate(prompt_ids(warm), **dict(gen, max_new_tokens=min(16, args.max_new_tokens)))
+    for p in peers:
+        run_peer(p, target.model, prompt_ids(warm), min(16, args.max_new_tokens), args.temperature, args.top_p,
+                 args.top_k, args.seed, draft_model, args.pld_tokens)
+
+    names = methods + peers
+    todo = [(rep, pr, n) for rep in range(args.repeats) for pr in prompts for n in names
+            if (pr.id, n, rep) not in done]
+    with open(records_path, "a") as f, tqdm(total=len(todo), desc="bench", unit="run") as bar:
+        for rep, pr, name in todo:
+            ids = prompt_ids(pr)
+            rec = {"prompt_id": pr.id, "category": pr.category, "method": name, "repeat": rep,
+                   "prompt_tokens": len(ids), "temperature": args.temperature, "time": time.time()}
+            if name in generators:
+                r = generators[name].generate(ids, **gen)
+                rec.update(kind="method", token_ids=r.token_ids, new_tokens=r.new_tokens, wall_s=r.wall_s,
+                           draft_s=r.draft_s, verify_s=r.verify_s, prefill_s=r.prefill_s, steps=r.steps,
+                           committed_per_step=r.committed_per_step, lossless=r.lossless,
+                           finish_reason=r.finish_reason)
+            else:
+                po = run_peer(name, target.model, ids, args.max_new_tokens, args.temperature, args.top_p,
+                              args.top_k, args.seed, draft_model, args.pld_tokens)
+                rec.update(kind="peer", token_ids=po.token_ids, new_tokens=len(po.token_ids), wall_s=po.wall_s,
+                           lossless=True)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            done[_record_key(rec)] = rec
+            bar.set_postfix_str(f"{name} {rec['new_tokens'] / rec['wall_s']:.1f} tok/s")
+            bar.update()
+
+    summary = summarize(list(done.values()), names)
+    write_report(out, meta, summary)
+    print((out / "report.md").read_text())
+    print(f"records: {records_path}", file=sys.stderr)
+    return 0

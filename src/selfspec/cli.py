@@ -1,0 +1,244 @@
+"""``selfspec`` command line: generate | demo | bench | models.
+
+Every user error prints one line ``selfspec: error: ...`` and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from .errors import SelfspecError
+
+EXIT_USAGE = 2
+COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;94m", "\x1b[48;5;22m", "\x1b[48;5;90m")
+RESET = "\x1b[0m"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        print(f"selfspec: error: {message} (see selfspec {self.prog.split()[-1]} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _method_names() -> str:
+    from .registry import METHODS
+
+    return ", ".join(f"{k}{'' if v.lossless else ' (NOT lossless)'}" for k, v in METHODS.items())
+
+
+def _add_model_args(p: argparse.ArgumentParser, method: bool = True) -> None:
+    from .models.bundled import DEFAULT_MODEL
+
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"bundled name, local HF directory, .gguf file or hub id (default {DEFAULT_MODEL})")
+    if method:
+        p.add_argument("--method", default="pld", help=f"decoding method: {_method_names()} (default pld)")
+    p.add_argument("--draft-model", default=None, help="draft for --method draft-model (same tokenizer)")
+    p.add_argument("--k", type=int, default=None, help="draft length (fixed unless --auto-k is kept on)")
+    p.add_argument("--fixed-k", action="store_true", help="use --k as a fixed draft length instead of the cost profile")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="compute dtype (float32 gives exact greedy equality; default float32)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def _add_gen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=128, help="generated tokens at most (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0 = off)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the request's RNG (default 0)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
+
+
+def method_options(args: argparse.Namespace, method: str) -> dict:
+    """Method keyword options from CLI flags."""
+    opts: dict = {}
+    if method == "draft-model" or args.draft_model:
+        if method != "draft-model":
+            raise SelfspecError(f"--draft-model is only used by --method draft-model, not {method}")
+        opts["draft_model"] = args.draft_model or ""
+    if method in ("pld", "draft-model"):
+        if args.k is not None:
+            opts["k"] = args.k
+        if args.fixed_k:
+            opts["auto_k"] = False
+    elif args.k is not None or args.fixed_k:
+        raise SelfspecError(f"--k/--fixed-k do not apply to --method {method}")
+    return opts
+
+
+def _gen_kwargs(args: argparse.Namespace) -> dict:
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), chat=not args.no_chat)
+
+
+def _setup(args: argparse.Namespace) -> None:
+    import torch
+
+    from .config import GenerationConfig
+    from .registry import method_config
+
+    if hasattr(args, "temperature"):  # validate everything cheap before loading a model
+        GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                         top_k=args.top_k, seed=args.seed, stop=tuple(getattr(args, "stop", ())))
+    if getattr(args, "method", None):
+        method_config(args.method, method_options(args, args.method))
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def _load(args: argparse.Namespace, method: str, model=None):
+    from .api import load
+
+    return load(model=model or args.model, method=method, device=args.device, dtype=args.dtype,
+                trust_remote_code=args.trust_remote_code, **method_options(args, method))
+
+
+def _stats_line(r) -> str:
+    return (f"[{r.method}{'' if r.lossless else ' NOT LOSSLESS'}] {r.new_tokens} tokens in {r.wall_s:.2f} s = "
+            f"{r.tokens_per_s:.1f} tok/s; {r.steps} target forwards, tau {r.mean_accepted:.2f}")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    _setup(args)
+    g = _load(args, args.method)
+    kw = _gen_kwargs(args)
+    if args.json:
+        r = g.generate(args.prompt, **kw)
+        print(json.dumps(r.to_dict()))
+        return 0
+    colour = args.show_accepted and sys.stdout.isatty() or args.show_accepted == "always"
+    for step, (piece, _) in enumerate(g.stream_steps(args.prompt, **kw)):
+        if piece:
+            if args.show_accepted:
+                piece = f"{COLOURS[step % len(COLOURS)]}{piece}{RESET}" if colour else f"[{piece}]"
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(_stats_line(g.last_result), file=sys.stderr)
+    return 0
+
+
+DEMO_PROMPT = (
+    "Add type hints and a docstring to this function, and return the whole function:\n\n"
+    "def moving_average(values, window):\n"
+    "    result = []\n"
+    "    for i in range(len(values) - window + 1):\n"
+    "        chunk = values[i:i + window]\n"
+    "        result.append(sum(chunk) / window)\n"
+    "    return result\n"
+)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The main job: ``ar`` and a speculative method side by side on the same prompt."""
+    _setup(args)
+    prompt = args.prompt or DEMO_PROMPT
+    kw = _gen_kwargs(args)
+    ar = _load(args, "ar")
+    spec = _load(args, args.method, model=ar.target)
+    warm = dict(kw, max_new_tokens=8)
+    ar.generate(prompt, **warm)
+    spec.generate(prompt, **warm)
+    results = []
+    for g in (ar, spec):
+        r = g.generate(prompt, **kw)
+        results.append(r)
+        print(f"===== {r.method}{'' if r.lossless else ' (NOT lossless)'} =====")
+        print(r.text)
+        print(_stats_line(r))
+        print()
+    a, s = results
+    same = a.token_ids == s.token_ids
+    print(f"model {a.model} | prompt {a.prompt_tokens} tokens | {a.new_tokens} new tokens")
+    print(f"ar {a.tokens_per_s:.1f} tok/s | {s.method} {s.tokens_per_s:.1f} tok/s | "
+          f"speedup {a.wall_s / s.wall_s:.2f}x | token ids identical: {'yes' if same else 'NO'}")
+    if kw["temperature"] == 0 and not same and s.lossless:
+        print("selfspec: error: greedy outputs differ; please report this", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .models import bundled
+
+    if args.models_cmd == "pull":
+        path = bundled.pull(args.name, force=args.force)
+        print(path)
+        return 0
+    for name, m in bundled.BUNDLED.items():
+        d = bundled.model_dir(name)
+        state = "pulled" if (d / bundled.MANIFEST).is_file() else "not pulled"
+        default = " (default)" if name == bundled.DEFAULT_MODEL else ""
+        print(f"{name:30s} {state:11s} {m.family:6s} {m.license:22s} {m.note}{default}")
+    print(f"cache: {bundled.selfspec_home()} (set SELFSPEC_HOME to move it)")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.runner import run_cli
+
+    _setup(args)
+    return run_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="selfspec", description="Lossless speculative decoding on Hugging Face models.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text, streaming it as drafts are accepted")
+    _add_model_args(g)
+    _add_gen_args(g)
+    g.add_argument("--show-accepted", nargs="?", const="auto", default=None, choices=["auto", "always"],
+                   help="colour tokens by the step that accepted them")
+    g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+    g.add_argument("prompt", help="the prompt text")
+    g.set_defaults(func=cmd_generate)
+
+    d = sub.add_parser("demo", help="side by side: ar against a speculative method on one prompt")
+    _add_model_args(d)
+    _add_gen_args(d)
+    d.add_argument("prompt", nargs="?", default=None, help="prompt (default: a code-editing prompt)")
+    d.set_defaults(func=cmd_demo)
+
+    m = sub.add_parser("models", help="list or pull bundled models")
+    msub = m.add_subparsers(dest="models_cmd", required=True, parser_class=_Parser)
+    msub.add_parser("list", help="list bundled models and whether they are pulled")
+    pull = msub.add_parser("pull", help="download and convert a bundled model into the cache")
+    pull.add_argument("name")
+    pull.add_argument("--force", action="store_true", help="convert again even if the cache is intact")
+    m.set_defaults(func=cmd_models)
+
+    b = sub.add_parser("bench", help="measure methods and peers against ar on a prompt set")
+    from .bench.runner import add_bench_args
+
+    add_bench_args(b)
+    _add_model_args(b, method=False)
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SelfspecError as e:
+        print(f"selfspec: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("selfspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

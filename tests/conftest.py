@@ -1,0 +1,89 @@
+"""Shared fixtures: tiny random-init Llama and Qwen2 models (fp32, CPU) with a small word-level
+tokenizer, saved as local HF directories, and the real SmolLM2-135M (pulled once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+torch.set_num_threads(2)
+
+VOCAB = 96
+WORDS = [f"w{i}" for i in range(VOCAB - 4)]
+
+
+def make_tokenizer(words: list[str] = WORDS) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``words`` plus <pad>, <s>, </s>, <unk> (ids 0..3)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for w in words:
+        vocab[w] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def tiny_model(family: str = "llama", seed: int = 0, layers: int = 3, vocab: int = VOCAB) -> torch.nn.Module:
+    """A random-init causal LM with a few layers. Weights are scaled up so that logits have
+    clear winners (fewer near-ties) and greedy text is not one repeated token."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if family == "llama":
+        cfg = LlamaConfig(**common)
+        model = LlamaForCausalLM(cfg)
+    else:
+        cfg = Qwen2Config(**common, use_sliding_window=False)
+        model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+    model.config._attn_implementation = "sdpa"
+    return model.eval()
+
+
+def save_tiny(path: Path, family: str = "llama", seed: int = 0, layers: int = 3) -> Path:
+    model = tiny_model(family, seed, layers)
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(path, safe_serialization=True)
+    make_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"), "llama", 0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_dir(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("tiny-qwen"), "qwen2", 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory) -> Path:
+    """Another random model with the same tokenizer: a draft that is mostly wrong."""
+    return save_tiny(tmp_path_factory.mktemp("tiny-draft"), "llama", 7, layers=1)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (pulled into the cache on first use)."""
+    from selfspec.models.loading import load_model
+
+    return load_model("smollm2-135m-instruct")
+
+
+def prompt_ids(seed: int, n: int, vocab: int = VOCAB) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, vocab, (n,), generator=g).tolist()
