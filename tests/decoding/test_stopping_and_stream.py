@@ -1,0 +1,59 @@
+"""EOS inside an accepted block, stop strings, max_new_tokens, streaming and seeded sampling."""
+
+import torch
+
+import selfspec
+from selfspec.drafters.scripted import ScriptedDrafter
+from selfspec.models.loading import load_model
+
+from ..conftest import VOCAB, prompt_ids
+from .test_greedy_equivalence import hf_greedy
+
+
+def test_eos_inside_accepted_block_truncates(tiny_dir):
+    target = load_model(str(tiny_dir))
+    p = prompt_ids(11, 6)
+    free = hf_greedy(target.model, p, 20)
+    eos = free[6]  # make the 7th generated token an end-of-sequence token
+    target.model.generation_config.eos_token_id = eos
+    ref = hf_greedy(target.model, p, 20)
+    assert ref == free[: free.index(eos) + 1]
+    g = selfspec.load(target, "ar", self_test=False)
+    g.drafter = ScriptedDrafter(free, 5, 5, VOCAB)  # the whole block incl. EOS is accepted at once
+    r = g.generate(p, max_new_tokens=20)
+    assert r.token_ids == ref and r.finish_reason == "eos"
+    assert g.generate(p, max_new_tokens=20, ignore_eos=True).token_ids == free
+
+
+def test_stop_string_and_streaming(tiny_dir):
+    g = selfspec.load(model=str(tiny_dir), method="pld", k=4, auto_k=False)
+    full = g.generate("w3 w4 w5", max_new_tokens=16, chat=False, ignore_eos=True)
+    words = g.tokenizer.decode(full.token_ids).split()
+    stop = words[4]
+    r = g.generate("w3 w4 w5", max_new_tokens=16, chat=False, stop=[stop], ignore_eos=True)
+    assert r.finish_reason == "stop"
+    assert r.token_ids == full.token_ids[: len(r.token_ids)]
+    assert stop in r.text and stop not in g.tokenizer.decode(r.token_ids[:-1])
+    pieces = list(g.stream("w3 w4 w5", max_new_tokens=16, chat=False, ignore_eos=True))
+    assert "".join(pieces) == g.tokenizer.decode(full.token_ids, skip_special_tokens=True)
+    assert g.last_result.token_ids == full.token_ids
+
+
+def test_seeded_sampling_reproduces_and_depends_on_seed(tiny_dir, tiny_draft_dir):
+    for method, opts in [("ar", {}), ("pld", {"k": 3, "auto_k": False}),
+                         ("draft-model", {"draft_model": str(tiny_draft_dir), "k": 3, "auto_k": False})]:
+        g = selfspec.load(model=str(tiny_dir), method=method, **opts)
+        kw = dict(max_new_tokens=20, temperature=0.9, top_p=0.95, top_k=40, chat=False, ignore_eos=True)
+        a = g.generate("w1 w2 w3", seed=5, **kw).token_ids
+        b = g.generate("w1 w2 w3", seed=5, **kw).token_ids
+        c = g.generate("w1 w2 w3", seed=6, **kw).token_ids
+        assert a == b and a != c, method
+
+
+def test_sampling_does_not_touch_global_rng(tiny_dir):
+    g = selfspec.load(model=str(tiny_dir), method="pld", k=3, auto_k=False)
+    torch.manual_seed(0)
+    before = torch.rand(1)
+    torch.manual_seed(0)
+    g.generate("w1 w2", max_new_tokens=10, temperature=1.0, chat=False)
+    assert torch.equal(torch.rand(1), before)

@@ -1,0 +1,75 @@
+"""CLI: bad input gives one line and exit code 2; --json prints exactly one object."""
+
+import json
+
+import pytest
+
+from selfspec.cli import main
+
+from .conftest import VOCAB
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("args", [
+    ["--max-new-tokens", "0"],
+    ["--max-new-tokens", "100000"],
+    ["--temperature", "-1"],
+    ["--temperature", "nan"],
+    ["--top-p", "0"],
+    ["--top-p", "1.5"],
+    ["--top-k", "-3"],
+    ["--method", "nope"],
+    ["--method", "draft-model"],
+    ["--method", "ar", "--k", "3"],
+    ["--model", "no-such-model"],
+    ["--dtype", "float64"],
+])
+def test_bad_input_is_one_line_exit_2(capsys, tiny_dir, args):
+    try:
+        code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", *args, "w1 w2")
+    except SystemExit as e:  # argparse-level errors
+        code = e.code
+        out, err = capsys.readouterr()
+    assert code == 2
+    lines = [x for x in err.strip().splitlines() if "error" in x.lower()]
+    assert len(lines) == 1 and lines[0].startswith("selfspec: error:"), err
+    assert "Traceback" not in err
+    assert out == ""
+
+
+def test_empty_prompt(capsys, tiny_dir):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "   ")
+    assert code == 2 and "empty" in err
+
+
+def test_prompt_longer_than_context(capsys, tiny_dir):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", " ".join(["w1"] * 600))
+    assert code == 2 and "context" in err
+
+
+def test_json_output(capsys, tiny_dir):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--json", "--method", "pld",
+                         "--fixed-k", "--k", "3", "--max-new-tokens", "12", "w1 w2 w3 w1 w2")
+    assert code == 0
+    obj = json.loads(out)
+    assert set(obj) == {"text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth",
+                        "wall_s", "tokens_per_s", "method", "model", "lossless"}
+    assert obj["new_tokens"] == len(obj["token_ids"]) and all(0 <= t < VOCAB for t in obj["token_ids"])
+    assert obj["method"] == "pld" and obj["lossless"] is True
+
+
+def test_streaming_with_show_accepted(capsys, tiny_dir):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--show-accepted",
+                         "--max-new-tokens", "10", "w5 w6 w7")
+    assert code == 0
+    assert out.startswith("[") and "tok/s" in err
+
+
+def test_models_list(capsys):
+    code, out, err = run(capsys, "models", "list")
+    assert code == 0 and "smollm2-135m-instruct" in out
