@@ -73,7 +73,8 @@ def from_jsonl(path: str) -> list[Prompt]:
     for i, r in enumerate(_read_jsonl(p, path)):
         if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not r["prompt"].strip():
             raise SelfspecError(f"{path}: record {i + 1} needs a non-empty string field 'prompt'")
-        out.append(Prompt(str(r.get("id", i)), str(r.get("category", "default")), r["prompt"], bool(r.get("chat", True))))
+        cat = str(r.get("category", "default"))
+        out.append(Prompt(str(r.get("id", i)), cat, r["prompt"], bool(r.get("chat", True))))
     return out
 
 
