@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Benchmark of the baselines (issue 2): greedy equality on the real 1.5B model (slow test), then
+# `selfspec bench` on SmolLM2-135M and on Qwen2.5-Coder-1.5B (0.5B draft) with the transformers
+# peers in the same run, then the README "Results" section regenerated from the reports.
+# Resumable: re-running continues interrupted benchmarks (records are kept per prompt and method).
+#   usage: bash scripts/bench_baselines.sh [OUT_DIR]   (default bench-out; ~40 min on 2 CPU cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-out}
+PY=${PY:-.venv/bin}
+mkdir -p "$OUT"
+
+echo "== greedy equality on Qwen2.5-Coder-1.5B (0.5B draft), 5 prompts =="
+"$PY/python" -m pytest -q -m slow tests/decoding/test_real_models.py
+
+echo "== SmolLM2-135M-Instruct =="
+"$PY/selfspec" bench --model smollm2-135m-instruct --methods ar,pld --peers hf,hf-pld \
+    --dataset builtin --limit 20 --max-new-tokens 128 --out "$OUT/smollm2" --resume
+
+echo "== Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct =="
+"$PY/selfspec" bench --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct \
+    --methods ar,pld,draft-model --peers hf,hf-assisted,hf-pld \
+    --dataset builtin --limit 10 --max-new-tokens 96 --out "$OUT/qwen1.5b" --resume
+
+"$PY/python" scripts/results_to_readme.py README.md "$OUT/smollm2" "$OUT/qwen1.5b"

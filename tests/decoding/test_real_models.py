@@ -1,0 +1,58 @@
+"""Greedy equality on real models: SmolLM2-135M on the 20 built-in prompts (in the suite), and
+Qwen2.5-Coder-1.5B with the 0.5B draft on 5 prompts (slow; run by scripts/bench_baselines.sh)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import selfspec
+from selfspec.bench.datasets import builtin
+from selfspec.decoding.text import encode_prompt
+
+MAX_NEW = 32
+
+
+def hf_ids(model, ids: list[int], max_new: int) -> list[int]:
+    t = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=max_new)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def smol_refs(smollm2):
+    prompts = [encode_prompt(smollm2.tokenizer, p.text, True, smollm2.model.config.vocab_size) for p in builtin()]
+    assert len(prompts) == 20
+    return prompts, [hf_ids(smollm2.model, p, MAX_NEW) for p in prompts]
+
+
+@pytest.mark.parametrize("method,opts", [
+    ("ar", {}),
+    ("pld", {"k": 4, "auto_k": False}),
+    ("pld", {}),  # draft length from the measured cost profile
+    ("draft-model", {"draft_model": "smollm2-135m-instruct", "k": 3, "auto_k": False}),
+])
+def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
+    prompts, refs = smol_refs
+    g = selfspec.load(smollm2, method, self_test=method == "ar", **opts)
+    mismatches = []
+    for i, (p, ref) in enumerate(zip(prompts, refs)):
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        if r.token_ids != ref:
+            mismatches.append(i)
+    assert not mismatches, f"{method}: prompts {mismatches} differ from transformers generate"
+
+
+@pytest.mark.slow
+def test_qwen_1p5b_with_0p5b_draft_matches_generate():
+    g = selfspec.load("qwen2.5-coder-1.5b-instruct", "draft-model", draft_model="qwen2.5-coder-0.5b-instruct",
+                      k=3, auto_k=False)
+    pld = selfspec.load(g.target, "pld", k=4, auto_k=False, self_test=False)
+    ar = selfspec.load(g.target, "ar", self_test=False)
+    model, tok = g.target.model, g.target.tokenizer
+    for p in builtin()[:5]:
+        ids = encode_prompt(tok, p.text, True, model.config.vocab_size)
+        ref = hf_ids(model, ids, MAX_NEW)
+        for gen in (ar, pld, g):
+            assert gen.generate(ids, max_new_tokens=MAX_NEW).token_ids == ref, (gen.method, p.id)
