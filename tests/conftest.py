@@ -3,6 +3,7 @@ tokenizer, saved as local HF directories, and the real SmolLM2-135M (pulled once
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -76,12 +77,41 @@ def tiny_draft_dir(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny-draft"), "llama", 7, layers=1)
 
 
+REAL_HOME = os.environ.get("SELFSPEC_HOME")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_home(tmp_path_factory):
+    """Cost profiles measured in tests go to a temporary SELFSPEC_HOME, not the user's cache."""
+    os.environ["SELFSPEC_HOME"] = str(tmp_path_factory.mktemp("selfspec-home"))
+    yield
+    if REAL_HOME is None:
+        os.environ.pop("SELFSPEC_HOME", None)
+    else:
+        os.environ["SELFSPEC_HOME"] = REAL_HOME
+
+
+def bundled_path(name: str) -> str:
+    """Directory of a bundled model in the user's real cache (pulled on first use)."""
+    from selfspec.models import bundled
+
+    test_home = os.environ["SELFSPEC_HOME"]
+    if REAL_HOME is None:
+        os.environ.pop("SELFSPEC_HOME")
+    else:
+        os.environ["SELFSPEC_HOME"] = REAL_HOME
+    try:
+        return str(bundled.pull(name))
+    finally:
+        os.environ["SELFSPEC_HOME"] = test_home
+
+
 @pytest.fixture(scope="session")
 def smollm2():
-    """The real SmolLM2-135M-Instruct (pulled into the cache on first use)."""
+    """The real SmolLM2-135M-Instruct."""
     from selfspec.models.loading import load_model
 
-    return load_model("smollm2-135m-instruct")
+    return load_model(bundled_path("smollm2-135m-instruct"))
 
 
 def prompt_ids(seed: int, n: int, vocab: int = VOCAB) -> list[int]:

@@ -73,3 +73,13 @@ def test_streaming_with_show_accepted(capsys, tiny_dir):
 def test_models_list(capsys):
     code, out, err = run(capsys, "models", "list")
     assert code == 0 and "smollm2-135m-instruct" in out
+
+
+def test_profile_command(capsys, tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    code, out, err = run(capsys, "profile", "--model", str(tiny_dir), "--max-q", "4", "--reps", "1")
+    assert code == 0
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == [1, 2, 3, 4]
+    assert float(rows[0][2]) == 1.0
+    assert list((tmp_path / "profiles").glob("*.json"))

@@ -1,4 +1,4 @@
-"""``selfspec`` command line: generate | demo | bench | models.
+"""``selfspec`` command line: generate | demo | bench | profile | models.
 
 Every user error prints one line ``selfspec: error: ...`` and exits with code 2.
 """
@@ -57,10 +57,10 @@ def _add_gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
 
 
-def method_options(args: argparse.Namespace, method: str) -> dict:
-    """Method keyword options from CLI flags."""
+def method_options(args: argparse.Namespace, method: str, strict: bool = True) -> dict:
+    """Method keyword options from CLI flags (``strict``: refuse flags the method does not use)."""
     opts: dict = {}
-    if method == "draft-model" or args.draft_model:
+    if method == "draft-model" or (args.draft_model and strict):
         if method != "draft-model":
             raise SelfspecError(f"--draft-model is only used by --method draft-model, not {method}")
         opts["draft_model"] = args.draft_model or ""
@@ -69,7 +69,7 @@ def method_options(args: argparse.Namespace, method: str) -> dict:
             opts["k"] = args.k
         if args.fixed_k:
             opts["auto_k"] = False
-    elif args.k is not None or args.fixed_k:
+    elif (args.k is not None or args.fixed_k) and strict:
         raise SelfspecError(f"--k/--fixed-k do not apply to --method {method}")
     return opts
 
@@ -190,6 +190,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Measure (or show the cached) verify cost curve T(q) that drafters size their drafts from."""
+    import json as _json
+
+    from .core import cost
+    from .models.loading import load_model
+
+    _setup(args)
+    if args.max_q < 1 or args.reps < 1:
+        raise SelfspecError("--max-q and --reps must be at least 1")
+    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code)
+    key = cost.profile_key(target.model, target.name)
+    path = cost.profile_path(key)
+    if path.is_file() and not args.remeasure:
+        prof = cost.CostProfile.from_json(_json.loads(path.read_text()))
+    else:
+        qs = tuple(q for q in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64) if q <= args.max_q)
+        prof = cost.measure(target.model, key, qs=qs, reps=args.reps, progress=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_json.dumps(prof.to_json(), indent=1))
+    print(f"verify cost profile of {args.model} ({prof.context}-token cache), {key.split('|', 3)[-1]}")
+    print("    q   ms/forward   T(q)/T(1)   ms/token")
+    for q, t in zip(prof.qs, prof.seconds):
+        print(f"{q:5d} {t * 1000:12.1f} {t / prof.t1:11.2f} {t * 1000 / q:10.1f}")
+    print(f"saved: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="selfspec", description="Lossless speculative decoding on Hugging Face models.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -216,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("name")
     pull.add_argument("--force", action="store_true", help="convert again even if the cache is intact")
     m.set_defaults(func=cmd_models)
+
+    pr = sub.add_parser("profile", help="measure the verify cost curve T(q) on this machine (drafters use it)")
+    _add_model_args(pr, method=False)
+    pr.add_argument("--max-q", type=int, default=64, help="largest block size measured (default 64)")
+    pr.add_argument("--reps", type=int, default=5, help="rounds; medians are reported (default 5)")
+    pr.add_argument("--remeasure", action="store_true", help="measure again even if a profile is cached")
+    pr.set_defaults(func=cmd_profile)
 
     b = sub.add_parser("bench", help="measure methods and peers against ar on a prompt set")
     from .bench.runner import add_bench_args

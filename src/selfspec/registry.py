@@ -60,7 +60,10 @@ def _build_draft_model(target: LoadedModel, cfg: DraftModelConfig, ctx: BuildCon
     draft = load_model(cfg.draft_model, ctx.device, ctx.dtype, ctx.trust_remote_code)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.model.config.vocab_size,
                          draft.model.config.vocab_size, cfg.draft_model)
-    return DraftModelDrafter(draft.model, target.model.config.vocab_size, _budget(target, cfg.auto_k, cfg.k))
+    if not 0.0 <= cfg.min_confidence < 1.0:
+        raise SelfspecError("draft-model needs 0 <= min_confidence < 1")
+    return DraftModelDrafter(draft.model, target.model.config.vocab_size, _budget(target, cfg.auto_k, cfg.k),
+                             cfg.min_confidence if cfg.auto_k else 0.0)
 
 
 METHODS: dict[str, MethodSpec] = {

@@ -109,8 +109,10 @@ def test_draft_model_matches_generate(target, references, draft, tiny_dir, tiny_
             assert all(a == 1.0 for a in r.acceptance_by_depth)
 
 
-def test_auto_k_budget_stays_lossless(target, references):
-    g = selfspec.load(target, "pld", self_test=False)
+@pytest.mark.parametrize("method", ["pld", "draft-model"])
+def test_auto_k_budget_stays_lossless(target, references, method, tiny_draft_dir):
+    opts = {"draft_model": str(tiny_draft_dir)} if method == "draft-model" else {}
+    g = selfspec.load(target, method, self_test=False, **opts)
     assert g.drafter.budget.profile is not None
     for p, ref in zip(PROMPTS, references):
         assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref

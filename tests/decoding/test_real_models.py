@@ -10,6 +10,8 @@ import selfspec
 from selfspec.bench.datasets import builtin
 from selfspec.decoding.text import encode_prompt
 
+from ..conftest import bundled_path
+
 MAX_NEW = 32
 
 
@@ -31,10 +33,12 @@ def smol_refs(smollm2):
     ("ar", {}),
     ("pld", {"k": 4, "auto_k": False}),
     ("pld", {}),  # draft length from the measured cost profile
-    ("draft-model", {"draft_model": "smollm2-135m-instruct", "k": 3, "auto_k": False}),
+    ("draft-model", {"draft_model": "smollm2", "k": 3, "auto_k": False}),
 ])
 def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
     prompts, refs = smol_refs
+    if opts.get("draft_model") == "smollm2":  # the target drafting for itself: all accepted
+        opts = dict(opts, draft_model=str(smollm2.path))
     g = selfspec.load(smollm2, method, self_test=method == "ar", **opts)
     mismatches = []
     for i, (p, ref) in enumerate(zip(prompts, refs)):
@@ -46,8 +50,8 @@ def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
 
 @pytest.mark.slow
 def test_qwen_1p5b_with_0p5b_draft_matches_generate():
-    g = selfspec.load("qwen2.5-coder-1.5b-instruct", "draft-model", draft_model="qwen2.5-coder-0.5b-instruct",
-                      k=3, auto_k=False)
+    g = selfspec.load(bundled_path("qwen2.5-coder-1.5b-instruct"), "draft-model",
+                      draft_model=bundled_path("qwen2.5-coder-0.5b-instruct"), k=3, auto_k=False)
     pld = selfspec.load(g.target, "pld", k=4, auto_k=False, self_test=False)
     ar = selfspec.load(g.target, "ar", self_test=False)
     model, tok = g.target.model, g.target.tokenizer

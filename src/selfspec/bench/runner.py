@@ -95,7 +95,7 @@ def run_cli(args: argparse.Namespace) -> int:
     generators = {}
     ar = None
     for m in methods:
-        opts = {} if m == "ar" else method_options(args, m)
+        opts = {} if m == "ar" else method_options(args, m, strict=False)
         generators[m] = load(model=ar.target if ar else args.model, method=m, device=args.device, dtype=args.dtype,
                              trust_remote_code=args.trust_remote_code, self_test=ar is None, **opts)
         ar = ar or generators[m]

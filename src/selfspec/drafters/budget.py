@@ -45,24 +45,45 @@ class ChainBudget:
             return min(self.k, room)
         a = min(self.alpha, 0.999)
         c = self.draft_cost / self.profile.t1 if self.profile.t1 > 0 else 0.0
-        best_k, best = 0, 1.0
-        for k in range(1, min(self.k, room) + 1):
-            gain = (1 - a ** (k + 1)) / (1 - a) / (self.profile.ratio(k + 1) + k * c)
-            if gain > best:
-                best_k, best = k, gain
-        if best_k == 0 and room > 0:
+        gains = {k: (1 - a ** (k + 1)) / (1 - a) / (self.profile.ratio(k + 1) + k * c)
+                 for k in range(1, min(self.k, room) + 1)}
+        best_k = max(gains, key=gains.get) if gains else 0
+        if best_k and gains[best_k] > 1.0:
+            return best_k
+        if best_k:  # drafting does not pay at this acceptance: probe now and then, at the best length
             self._since_probe += 1
             if self._since_probe >= self.probe_every:
                 self._since_probe = 0
-                return 1
-        return best_k
+                return best_k
+        return 0
 
-    def update(self, proposed: int, accepted: int, draft_seconds: float | None = None) -> None:
-        """Record one verified chain: ``accepted`` of ``proposed`` drafts kept."""
-        if proposed <= 0:
-            return
-        self.accepted = self.accepted * self.decay + accepted
-        self.rejected = self.rejected * self.decay + (1 if accepted < proposed else 0)
-        if draft_seconds is not None:
-            per_tok = draft_seconds / proposed
+    def best_prefix(self, confidences: list[float]) -> int:
+        """How many of the drafted tokens to verify, given each one's draft confidence.
+
+        The chance that the first d drafts are all accepted is estimated as the product of their
+        confidences (the draft's probability of its own token); the expected tokens of verifying
+        d drafts, 1 + sum of those products, are weighed against T(d + 1). Drafting cost is
+        already spent, so it does not change the choice. Without a profile all drafts are kept.
+        """
+        if self.profile is None or not confidences:
+            return len(confidences)
+        best_d, best, expected, p_all = 0, 1.0, 1.0, 1.0
+        for d, conf in enumerate(confidences, start=1):
+            p_all *= conf
+            expected += p_all
+            value = expected / self.profile.ratio(d + 1)
+            if value > best:
+                best_d, best = d, value
+        return best_d
+
+    def update(self, proposed: int, accepted: int, draft_seconds: float | None = None,
+               drafted: int | None = None) -> None:
+        """Record one step: ``accepted`` of ``proposed`` verified drafts kept; drafting
+        ``drafted`` tokens (default ``proposed``) took ``draft_seconds``."""
+        if proposed > 0:
+            self.accepted = self.accepted * self.decay + accepted
+            self.rejected = self.rejected * self.decay + (1 if accepted < proposed else 0)
+        drafted = proposed if drafted is None else drafted
+        if draft_seconds is not None and drafted > 0:
+            per_tok = draft_seconds / drafted
             self.draft_cost = per_tok if self.draft_cost == 0 else 0.8 * self.draft_cost + 0.2 * per_tok

@@ -30,12 +30,17 @@ class DraftModelConfig:
     Attributes:
         draft_model: bundled name, directory, .gguf file or hub id of the draft.
         k: fixed draft length, or the largest considered when ``auto_k``.
-        auto_k: size drafts from the measured cost profile, draft cost and acceptance.
+        auto_k: size drafts from the measured cost profile, draft cost and acceptance; stop
+            drafting once the chance that all drafts so far are accepted (product of the draft's
+            confidences) falls below ``min_confidence``, and verify only the prefix whose
+            expected tokens per unit of verify cost is best.
+        min_confidence: see ``auto_k``.
     """
 
     draft_model: str = ""
     k: int = 8
     auto_k: bool = True
+    min_confidence: float = 0.3
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
@@ -58,23 +63,31 @@ class DraftModelDrafter:
     lossless = True
     needs_hidden = False
 
-    def __init__(self, draft: torch.nn.Module, target_vocab: int, budget: ChainBudget) -> None:
+    def __init__(self, draft: torch.nn.Module, target_vocab: int, budget: ChainBudget,
+                 min_confidence: float = 0.0) -> None:
         """
         Args:
             draft: a stock HF causal LM on the same device as the target.
             target_vocab: the target's logits width V; q rows are padded to it.
-            budget: picks the draft length each step.
+            budget: picks the draft length each step (and the verified prefix).
+            min_confidence: stop drafting when the product of draft confidences falls below it.
         """
         self.draft = draft
+        self.min_confidence = min_confidence
         self.target_vocab = target_vocab
         self.budget = budget
         self.device = next(draft.parameters()).device
         self.cache = kv_cache.new_cache(draft.config)
         self.length = 0  # committed tokens whose KV the draft cache holds
+        self._last_draft_s = 0.0
+        self._drafted = 0  # tokens drafted this step (some may not be verified)
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
+        """Run the draft over the prompt now, so each step only catches up on a few tokens and
+        the measured per-token draft cost (which sizes the drafts) is not inflated by it."""
         self.cache = kv_cache.new_cache(self.draft.config)
         self.length = 0
+        self._forward(state.ids[:-1])
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """Feed ``ids`` after the draft cache; returns the last position's logits ``[V_d]``."""
@@ -92,31 +105,42 @@ class DraftModelDrafter:
         logits = self._forward(state.ids[self.length :])
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
+        confidences: list[float] = []
+        p_all = 1.0
         for i in range(k):
             if state.warper.greedy:
-                x = int(logits.argmax())
+                probs = logits.softmax(-1)
+                x = int(probs.argmax())
+                conf = float(probs[x])
             else:
                 q = state.warper.probs(logits)
                 if q.numel() < self.target_vocab:
                     q = torch.nn.functional.pad(q, (0, self.target_vocab - q.numel()))
                 x = sample(q, state.generator)
+                conf = float(q[x])
                 qs.append(q)
             tokens.append(x)
-            if i < k - 1:
+            confidences.append(conf)
+            p_all *= conf
+            if i < k - 1 and p_all >= self.min_confidence:
                 logits = self._forward([x])
+            else:
+                break
+        self._drafted = len(tokens)
+        keep = self.budget.best_prefix(confidences)
+        tokens, qs = tokens[:keep], qs[:keep]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._last_draft_s = time.perf_counter() - t0
         probs = None
-        if qs:
+        if qs and tokens:
             probs = torch.stack([torch.zeros_like(qs[0]), *qs])
         return Proposal(DraftTree.chain([state.pending, *tokens], probs))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
-        proposed = proposal.tree.size - 1
-        if proposed == 0:
-            return
         # the draft cache is valid up to the last committed token that it saw
         self.length = min(self.length, len(state.ids) - 1)
         kv_cache.truncate(self.cache, self.length)
-        self.budget.update(proposed, verdict.num_accepted, self._last_draft_s)
+        if self._drafted:
+            self.budget.update(proposal.tree.size - 1, verdict.num_accepted, self._last_draft_s, self._drafted)
+        self._drafted = 0

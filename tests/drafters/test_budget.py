@@ -1,0 +1,63 @@
+"""The draft budget follows the measured cost profile and the observed acceptance."""
+
+from selfspec.core.cost import CostProfile
+from selfspec.drafters.budget import ChainBudget
+from selfspec.drafters.prompt_lookup import lookup
+
+
+def profile(ratios):
+    return CostProfile(tuple(range(1, len(ratios) + 1)), tuple(0.1 * r for r in ratios), 256, "test")
+
+
+def test_flat_profile_and_high_acceptance_drafts_long():
+    b = ChainBudget(profile([1.0] * 16), k=10, prior_alpha=0.95)
+    assert b.choose(room=100) == 10
+    assert b.choose(room=3) == 3
+
+
+def test_step_in_cost_limits_the_draft():
+    # verifying up to 3 tokens is nearly free, 4 or more costs twice as much
+    b = ChainBudget(profile([1.0, 1.05, 1.08] + [2.0] * 13), k=10, prior_alpha=0.6)
+    assert b.choose(room=100) == 2
+
+
+def test_low_acceptance_stops_drafting_but_probes():
+    b = ChainBudget(profile([1.0, 1.5, 2.0, 2.5]), k=3, prior_alpha=0.6, probe_every=4)
+    for _ in range(20):
+        b.update(proposed=2, accepted=0)
+    assert b.alpha < 0.1
+    picks = [b.choose(room=10) for _ in range(8)]
+    assert picks.count(0) == 6 and picks.count(1) == 2
+
+
+def test_expensive_draft_shortens_chain():
+    b = ChainBudget(profile([1.0] * 16), k=10, prior_alpha=0.8)
+    cheap = b.choose(room=100)
+    b.update(proposed=1, accepted=1, draft_seconds=0.05)  # half of T(1) per drafted token
+    assert b.choose(room=100) < cheap
+
+
+def test_fixed_k_without_profile():
+    assert ChainBudget(None, k=4).choose(room=10) == 4
+    assert ChainBudget(None, k=4).choose(room=2) == 2
+
+
+def test_cost_profile_interpolates_and_extrapolates():
+    p = CostProfile((1, 2, 4), (1.0, 1.0, 3.0), 256, "k")
+    assert p.ratio(3) == 2.0
+    assert p.ratio(6) == 5.0
+
+
+def test_prompt_lookup_finds_latest_longest_match():
+    ids = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    assert lookup(ids, 3, 1, 3) == [7, 8, 5]  # "2 3" most recently followed by 7 8 5
+    assert lookup([1, 2, 3], 3, 1, 2) == []
+    assert lookup([4, 5, 4], 2, 1, 5) == [5, 4]
+
+
+def test_best_prefix_skips_expensive_block_sizes():
+    # q = 2 and 3 cost 2x and 3x, q = 4 only 1.5x (the shape measured on our AMD machine)
+    b = ChainBudget(profile([1.0, 2.0, 3.0, 1.5, 1.6]), k=4)
+    assert b.best_prefix([0.95, 0.95, 0.95]) == 3
+    assert b.best_prefix([0.95, 0.2, 0.9]) == 0
+    assert ChainBudget(None, k=4).best_prefix([0.1, 0.1]) == 2
