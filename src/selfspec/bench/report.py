@@ -59,7 +59,7 @@ def summarize(records: list[dict], names: list[str]) -> dict:
                 if d is None:
                     same += 1
                 else:
-                    diffs.append({"prompt_id": r["prompt_id"], "position": d})
+                    diffs.append({"prompt_id": r["prompt_id"], "repeat": r["repeat"], "position": d})
             s["identical"] = f"{same}/{same + len(diffs)}"
             s["differences"] = diffs
         out[name] = s
@@ -77,15 +77,16 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         f"temperature {g['temperature']}, repeats {meta['repeats']}. Machine: {env['machine']}; "
         f"torch {env['torch']}, transformers {env['transformers']}, git {env['git']}.",
         "",
-        "| method | kind | lossless | tokens | tok/s | speedup vs ar | tau | identical to ar |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | kind | lossless | tokens | tok/s | speedup vs ar | tau | identical to ar | pass@1 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in summary.items():
         sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
         tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
         lossless = "yes" if s["lossless"] else "**NO**"
+        p1 = f"{s['pass@1']:.3f}" if "pass@1" in s else "-"
         lines.append(f"| {name} | {s['kind']} | {lossless} | {s['tokens']} | {s['tokens_per_s']:.2f} | {sp} | {tau} "
-                     f"| {s.get('identical', '-')} |")
+                     f"| {s.get('identical', '-')} | {p1} |")
     cats = sorted({c for s in summary.values() for c in s["by_category"]})
     if len(cats) > 1:
         lines += ["", "Speedup by category:", "", "| method | " + " | ".join(cats) + " |",
@@ -97,5 +98,14 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
     if diffs:
         lines += ["", "Greedy outputs that differ from ar (first differing position):", ""]
         for n, d in diffs.items():
-            lines.append(f"- {n}: " + ", ".join(f"{x['prompt_id']}@{x['position']}" for x in d))
+            lines.append(f"- {n}: " + ", ".join(
+                f"{x['prompt_id']} at token {x['position']}"
+                + (f" (ar's top-2 logit gap there: {x['ar_top2_gap']:.2e})" if "ar_top2_gap" in x else "")
+                for x in d))
+    if any("pass@1" in s for s in summary.values()):
+        ar_p = summary.get("ar", {}).get("pass@1")
+        same = all(s.get("pass@1") == ar_p for s in summary.values() if "pass@1" in s)
+        lines += ["", f"HumanEval pass@1 equal to ar's for every method: {'yes' if same else 'NO'}"]
+    plots = ["speedup_by_category.png", "speedup_tau.png", "accepted_length_hist.png", "cost_profile.png"]
+    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in plots)]
     (out / "report.md").write_text("\n".join(lines) + "\n")

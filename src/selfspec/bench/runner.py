@@ -57,6 +57,38 @@ def _record_key(r: dict) -> tuple:
     return (r["prompt_id"], r["method"], r["repeat"])
 
 
+@torch.inference_mode()
+def top2_gap(model: torch.nn.Module, ids: list[int]) -> float:
+    """Gap between the target's two largest logits after ``ids`` (a near-tie when tiny)."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=1).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def humaneval_scores(records: list[dict], prompts: dict, tokenizer, summary: dict, out: Path) -> None:
+    """pass@1 of every method's completions (repeat 0), run by the sandboxed harness; identical
+    completions are executed once."""
+    from .humaneval import check, truncate_completion
+
+    cache: dict[tuple[str, str], bool] = {}
+    rows = [r for r in records if r["repeat"] == 0]
+    results = []
+    for r in tqdm(rows, desc="humaneval", unit="completion"):
+        completion = truncate_completion(tokenizer.decode(r["token_ids"], skip_special_tokens=True))
+        key = (r["prompt_id"], completion)
+        if key not in cache:
+            cache[key] = check(prompts[r["prompt_id"]].meta["problem"], completion)["passed"]
+        results.append({"prompt_id": r["prompt_id"], "method": r["method"], "passed": cache[key]})
+    with open(out / "humaneval.jsonl", "w") as f:
+        for x in results:
+            f.write(json.dumps(x) + "\n")
+    for name, s in summary.items():
+        mine = [x["passed"] for x in results if x["method"] == name]
+        if mine:
+            s["pass@1"] = sum(mine) / len(mine)
+
+
 def run_cli(args: argparse.Namespace) -> int:
     from ..api import load
     from ..cli import method_options
@@ -90,6 +122,10 @@ def run_cli(args: argparse.Namespace) -> int:
                     except json.JSONDecodeError:
                         continue  # a line cut by an interrupt
                     done[_record_key(r)] = r
+        # rewrite without the cut line, so appended records start on a line of their own
+        tmp = records_path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+        tmp.replace(records_path)
     out.mkdir(parents=True, exist_ok=True)
 
     generators = {}
@@ -151,8 +187,28 @@ def run_cli(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{name} {rec['new_tokens'] / rec['wall_s']:.1f} tok/s")
             bar.update()
 
-    summary = summarize(list(done.values()), names)
+    records = [r for r in done.values() if r["method"] in names and r["prompt_id"] in {p.id for p in prompts}]
+    summary = summarize(records, names)
+    by_id = {p.id: p for p in prompts}
+    for s in summary.values():  # where greedy outputs differ: how close was the target to a tie there?
+        for d in s.get("differences", []):
+            ar_rec = done.get((d["prompt_id"], "ar", d["repeat"]))
+            if ar_rec is not None:
+                ctx = prompt_ids(by_id[d["prompt_id"]]) + ar_rec["token_ids"][: d["position"]]
+                d["ar_top2_gap"] = top2_gap(target.model, ctx)
+    if any("problem" in p.meta for p in prompts):
+        humaneval_scores(records, by_id, target.tokenizer, summary, out)
+    from ..core.cost import load_or_measure
+
+    profile = load_or_measure(target.model, target.name).to_json()
+    meta["cost_profile"] = profile
     write_report(out, meta, summary)
+    try:
+        from .plots import plot_all
+
+        plot_all(out, summary, records, profile, str(args.model))
+    except SelfspecError as e:
+        print(f"selfspec: no plots: {e}", file=sys.stderr)
     print((out / "report.md").read_text())
     print(f"records: {records_path}", file=sys.stderr)
     return 0

@@ -1,0 +1,62 @@
+"""selfspec bench on a tiny model: record schema, report, plots, equality check and resume."""
+
+import json
+
+import pytest
+
+from selfspec.cli import main
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "category": c, "prompt": f"w{i} w{i + 1} w{i + 2} w{i} w{i + 1}", "chat": False}
+            for i, c in enumerate(["a", "a", "b"])]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def bench(tiny_dir, dataset, out, *extra):
+    return main(["bench", "--model", str(tiny_dir), "--methods", "ar,pld", "--peers", "hf,hf-pld",
+                 "--dataset", str(dataset), "--max-new-tokens", "10", "--out", str(out), *extra])
+
+
+def test_bench_records_report_and_resume(tiny_dir, dataset, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert bench(tiny_dir, dataset, out) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * 4
+    keys = {"prompt_id", "category", "method", "repeat", "token_ids", "new_tokens", "wall_s", "kind"}
+    assert all(keys <= set(r) for r in records)
+    assert {r["method"] for r in records} == {"ar", "pld", "hf", "hf-pld"}
+    rep = json.loads((out / "report.json").read_text())
+    for name in ("pld", "hf", "hf-pld"):
+        assert rep["summary"][name]["identical"] == "3/3"
+    assert rep["summary"]["ar"]["tau"] == 1.0
+    assert set(rep["summary"]["pld"]["by_category"]) == {"a", "b"}
+    for png in ("speedup_by_category.png", "speedup_tau.png", "accepted_length_hist.png", "cost_profile.png"):
+        assert (out / png).stat().st_size > 1000
+    md = (out / "report.md").read_text()
+    assert "| pld |" in md and "speedup" in md
+
+    # an existing run is not overwritten by accident, and --resume adds nothing when complete
+    assert bench(tiny_dir, dataset, out) == 2
+    assert bench(tiny_dir, dataset, out, "--resume") == 0
+    assert len((out / "records.jsonl").read_text().splitlines()) == 12
+
+
+def test_resume_after_interrupt_keeps_finished_records(tiny_dir, dataset, tmp_path):
+    out = tmp_path / "run"
+    assert bench(tiny_dir, dataset, out) == 0
+    lines = (out / "records.jsonl").read_text().splitlines()
+    (out / "records.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])  # cut mid-record
+    assert bench(tiny_dir, dataset, out, "--resume") == 0
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines() if x.endswith("}")]
+    assert len({(r["prompt_id"], r["method"]) for r in records}) == 12
+
+
+def test_bad_dataset_is_a_clear_error(tiny_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1}\n')
+    assert bench(tiny_dir, bad, tmp_path / "o") == 2
+    assert "prompt" in capsys.readouterr().err
