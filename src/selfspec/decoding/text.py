@@ -7,12 +7,21 @@ from collections.abc import Callable, Sequence
 from ..errors import SelfspecError
 
 
-def encode_prompt(tokenizer, prompt: str | Sequence[int], chat: bool, vocab_size: int) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | Sequence[int] | Sequence[dict], chat: bool, vocab_size: int) -> list[int]:
     """Token ids for a prompt. A list of ids is used as is (never templated).
 
-    With ``chat`` and a tokenizer that has a chat template, the prompt becomes one user turn
-    followed by the assistant generation prompt.
+    With ``chat`` and a tokenizer that has a chat template, a text prompt becomes one user turn
+    followed by the assistant generation prompt; a list of ``{"role", "content"}`` messages is
+    templated as a conversation.
     """
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise SelfspecError("a conversation prompt needs a tokenizer with a chat template")
+        ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
     if isinstance(prompt, str):
         if not prompt.strip():
             raise SelfspecError("the prompt is empty; pass some text (or token ids)")
