@@ -20,6 +20,6 @@ echo "== SmolLM2-135M-Instruct =="
 echo "== Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct =="
 "$PY/selfspec" bench --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct \
     --methods ar,pld,draft-model --peers hf,hf-assisted,hf-pld \
-    --dataset builtin --limit 10 --max-new-tokens 96 --out "$OUT/qwen1.5b" --resume
+    --dataset builtin --limit 10 --max-new-tokens 64 --out "$OUT/qwen1.5b" --resume
 
 "$PY/python" scripts/results_to_readme.py README.md "$OUT/smollm2" "$OUT/qwen1.5b"
