@@ -125,6 +125,8 @@ def load_dataset(name: str, limit: int | None = None, turns: int = 1) -> list[Pr
         prompts = from_jsonl(name)
     else:
         raise SelfspecError(f"unknown dataset '{name}'; use builtin, mt-bench, humaneval or a .jsonl file")
+    if not prompts:
+        raise SelfspecError(f"dataset '{name}' has no prompts")
     if limit is not None:
         if limit < 1:
             raise SelfspecError(f"--limit must be at least 1, got {limit}")

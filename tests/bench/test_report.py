@@ -1,0 +1,80 @@
+"""Report arithmetic on synthetic records: every number is recomputable from the JSONL."""
+
+import json
+
+import pytest
+
+from selfspec.bench.report import summarize
+from selfspec.cli import main
+
+
+def rec(pid, method, cat, n, wall, steps=None, ids=None, rep=0):
+    r = {"prompt_id": pid, "method": method, "category": cat, "repeat": rep, "new_tokens": n, "wall_s": wall,
+         "token_ids": ids if ids is not None else list(range(n)), "temperature": 0.0, "kind": "method"}
+    if steps is not None:
+        r["steps"] = steps
+    return r
+
+
+def test_summary_arithmetic():
+    records = [
+        rec("a", "ar", "x", 10, 2.0, 10), rec("b", "ar", "y", 20, 2.0, 20),
+        rec("a", "pld", "x", 10, 1.0, 5), rec("b", "pld", "y", 20, 4.0, 10, ids=[0, 1, 9] + list(range(3, 20))),
+    ]
+    s = summarize(records, ["ar", "pld"])
+    assert s["ar"]["speedup"] == 1.0 and s["ar"]["tau"] == 1.0 and s["ar"]["identical"] == "2/2"
+    assert s["pld"]["tokens_per_s"] == pytest.approx(30 / 5.0)
+    assert s["pld"]["speedup"] == pytest.approx((30 / 5.0) / (30 / 4.0))
+    assert s["pld"]["tau"] == pytest.approx(30 / 15)
+    assert s["pld"]["by_category"] == {"x": pytest.approx(10 / 5), "y": pytest.approx(5 / 10)}
+    assert s["pld"]["identical"] == "1/2"
+    assert s["pld"]["differences"] == [{"prompt_id": "b", "repeat": 0, "position": 2}]
+
+
+def test_ar_against_itself_is_one():
+    records = [rec(p, m, "c", 7, w, 7) for p, w in [("a", 1.3), ("b", 0.7)] for m in ["ar"]]
+    assert summarize(records, ["ar"])["ar"]["speedup"] == 1.0
+
+
+def test_sampling_runs_skip_the_equality_check():
+    records = [dict(rec("a", "ar", "x", 5, 1.0, 5), temperature=0.7), dict(rec("a", "pld", "x", 5, 1.0, 3),
+                                                                          temperature=0.7)]
+    assert "identical" not in summarize(records, ["ar", "pld"])["pld"]
+
+
+@pytest.mark.parametrize("content,needle", [("", "no prompts"), ("{not json\n", "not valid JSON"),
+                                            ('{"id": 3}\n', "prompt")])
+def test_bad_dataset_files(tmp_path, capsys, tiny_dir, content, needle):
+    f = tmp_path / "d.jsonl"
+    f.write_text(content)
+    assert main(["bench", "--model", str(tiny_dir), "--dataset", str(f), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_dataset_and_unknown_method(tmp_path, capsys, tiny_dir):
+    assert main(["bench", "--model", str(tiny_dir), "--dataset", "nope.jsonl", "--out", str(tmp_path / "o")]) == 2
+    assert main(["bench", "--model", str(tiny_dir), "--methods", "ar,warp", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and "unknown method" in err
+
+
+def test_ctrl_c_keeps_finished_records(tmp_path, capsys, tiny_dir, monkeypatch):
+    import selfspec.bench.runner as runner
+
+    real = runner.run_peer
+    calls = {"n": 0}
+
+    def interrupting(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:  # warm-up is call 1; interrupt during the second prompt
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "run_peer", interrupting)
+    out = tmp_path / "o"
+    code = main(["bench", "--model", str(tiny_dir), "--methods", "ar", "--peers", "hf", "--max-new-tokens", "4",
+                 "--out", str(out)])
+    assert code == 130
+    lines = (out / "records.jsonl").read_text().splitlines()
+    assert [json.loads(x)["method"] for x in lines] == ["ar", "hf", "ar"]
