@@ -19,6 +19,13 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(out: Path, summary: dict, records: list[dict], profile: dict | None, title: str) -> list[Path]:
     """Write the plots into ``out``; returns their paths."""
     plt = _plt()
@@ -38,10 +45,7 @@ def plot_all(out: Path, summary: dict, records: list[dict], profile: dict | None
         ax.set_ylabel("speedup vs ar (tokens/s ratio)")
         ax.set_title(f"{title}: speedup by category")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "speedup_by_category.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out / "speedup_by_category.png"))
 
     # 2. overall speedup and tau per method
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -57,10 +61,7 @@ def plot_all(out: Path, summary: dict, records: list[dict], profile: dict | None
     for ax in (a1, a2):
         ax.tick_params(axis="x", rotation=30)
     fig.suptitle(title)
-    fig.tight_layout()
-    paths.append(out / "speedup_tau.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(plt, fig, out / "speedup_tau.png"))
 
     # 3. tokens committed per step (acceptance-length histogram)
     methods = [n for n in summary if summary[n].get("tau") and n != "ar"]
@@ -78,10 +79,7 @@ def plot_all(out: Path, summary: dict, records: list[dict], profile: dict | None
         ax.set_ylabel("fraction of steps")
         ax.set_title(f"{title}: accepted length per step")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "accepted_length_hist.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out / "accepted_length_hist.png"))
 
     # 4. the verify cost profile T(q)/T(1) on this machine
     if profile:
@@ -94,8 +92,5 @@ def plot_all(out: Path, summary: dict, records: list[dict], profile: dict | None
         ax.set_ylabel("cost relative to q = 1")
         ax.set_title(f"verify cost profile, T(1) = {ts[0] * 1000:.0f} ms")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "cost_profile.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(_save(plt, fig, out / "cost_profile.png"))
     return paths
