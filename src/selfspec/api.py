@@ -46,6 +46,7 @@ class GenerationResult:
     verify_s: float = 0.0
     prefill_s: float = 0.0
     committed_per_step: list[int] = field(default_factory=list)
+    drafted_per_step: list[int] = field(default_factory=list)
 
     JSON_KEYS = ("text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth", "wall_s",
                  "tokens_per_s", "method", "model", "lossless")
@@ -105,7 +106,7 @@ class SpeculativeGenerator:
             tokens_per_s=len(gen) / wall if wall > 0 else 0.0, method=self.method, model=self.target.name,
             lossless=self.lossless, prompt_tokens=state.prompt_len, finish_reason=state.finish_reason or "",
             draft_s=st.draft_s, verify_s=st.verify_s, prefill_s=st.prefill_s,
-            committed_per_step=list(st.committed_per_step),
+            committed_per_step=list(st.committed_per_step), drafted_per_step=list(st.drafted_per_step),
         )
 
     def _steps(self, prompt, chat: bool, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:

@@ -70,13 +70,14 @@ def plot_all(out: Path, summary: dict, records: list[dict], profile: dict | None
         width = 0.8 / len(methods)
         top = 1
         for i, n in enumerate(methods):
-            c = Counter(x for r in records if r["method"] == n for x in r.get("committed_per_step", [])[1:])
+            c = Counter(x for r in records if r["method"] == n
+                        for x, d in zip(r.get("committed_per_step", [])[1:], r.get("drafted_per_step", [])[1:]) if d)
             total = sum(c.values()) or 1
             top = max(top, max(c, default=1))
             ax.bar([k + i * width for k in sorted(c)], [c[k] / total for k in sorted(c)], width, label=n)
         ax.set_xticks(range(1, top + 1))
         ax.set_xlabel("tokens committed in one verify step (accepted drafts + 1)")
-        ax.set_ylabel("fraction of steps")
+        ax.set_ylabel("fraction of steps that verified drafts")
         ax.set_title(f"{title}: accepted length per step")
         ax.legend(fontsize=8)
         paths.append(_save(plt, fig, out / "accepted_length_hist.png"))

@@ -181,7 +181,8 @@ def run_cli(args: argparse.Namespace) -> int:
                 r = generators[name].generate(ids, **gen)
                 rec.update(kind="method", token_ids=r.token_ids, new_tokens=r.new_tokens, wall_s=r.wall_s,
                            draft_s=r.draft_s, verify_s=r.verify_s, prefill_s=r.prefill_s, steps=r.steps,
-                           committed_per_step=r.committed_per_step, lossless=r.lossless,
+                           committed_per_step=r.committed_per_step, drafted_per_step=r.drafted_per_step,
+                           lossless=r.lossless,
                            finish_reason=r.finish_reason)
             else:
                 po = run_peer(name, target.model, ids, args.max_new_tokens, args.temperature, args.top_p,

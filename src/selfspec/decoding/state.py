@@ -35,6 +35,7 @@ class StepStats:
 
     steps: int = 0  # target forwards that produced tokens (prefill included)
     committed_per_step: list[int] = field(default_factory=list)
+    drafted_per_step: list[int] = field(default_factory=list)  # depth of the verified tree
     proposed_by_depth: list[int] = field(default_factory=list)
     accepted_by_depth: list[int] = field(default_factory=list)
     draft_s: float = 0.0
@@ -51,6 +52,7 @@ class StepStats:
                 self.accepted_by_depth[d] += 1
         self.steps += 1
         self.committed_per_step.append(committed)
+        self.drafted_per_step.append(tree_depth)
 
     def acceptance_by_depth(self) -> list[float]:
         """Acceptance rate at depth d = accepted drafts at depth d / proposed drafts at depth d."""
