@@ -11,9 +11,10 @@ Quick start::
 from .api import GenerationResult, SpeculativeGenerator, load
 from .config import GenerationConfig
 from .errors import SelfspecError
+from .kernels import KERNELS
 from .registry import METHODS
 
 Generator = SpeculativeGenerator
 __version__ = "0.1.0"
 __all__ = ["load", "Generator", "SpeculativeGenerator", "GenerationResult", "GenerationConfig", "SelfspecError",
-           "METHODS", "__version__"]
+           "METHODS", "KERNELS", "__version__"]

@@ -47,6 +47,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     committed_per_step: list[int] = field(default_factory=list)
     drafted_per_step: list[int] = field(default_factory=list)
+    kernels: str = "stock"
 
     JSON_KEYS = ("text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth", "wall_s",
                  "tokens_per_s", "method", "model", "lossless")
@@ -57,10 +58,15 @@ class GenerationResult:
 
 
 class SpeculativeGenerator:
-    """A target model plus one method. Not thread-safe: one request at a time."""
+    """A target model plus one method. Not thread-safe: one request at a time.
+
+    It runs on the kernels backend the target had when it was built: if the same loaded model
+    was switched to another backend since (e.g. by another generator), it switches back.
+    """
 
     def __init__(self, target: LoadedModel, method: str, drafter, lossless: bool) -> None:
         self.target = target
+        self.kernels = target.backend
         self.method = method
         self.drafter = drafter
         self.lossless = lossless
@@ -107,10 +113,13 @@ class SpeculativeGenerator:
             lossless=self.lossless, prompt_tokens=state.prompt_len, finish_reason=state.finish_reason or "",
             draft_s=st.draft_s, verify_s=st.verify_s, prefill_s=st.prefill_s,
             committed_per_step=list(st.committed_per_step), drafted_per_step=list(st.drafted_per_step),
+            kernels=self.kernels,
         )
 
     def _steps(self, prompt, chat: bool, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:
         cfg = GenerationConfig(**gen_kwargs)
+        if self.target.backend != self.kernels:
+            self.target.use_kernels(self.kernels, keep=True)
         state = self._state(prompt, cfg, chat)
         t0 = time.perf_counter()
         for new in run(state, self.target.model, self.drafter):
@@ -150,7 +159,7 @@ class SpeculativeGenerator:
 
 def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = "ar", device: str | None = "cpu",
          dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
-         **method_options) -> SpeculativeGenerator:
+         kernels: str | None = None, **method_options) -> SpeculativeGenerator:
     """Load a model and a decoding method.
 
     Args:
@@ -160,13 +169,22 @@ def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = "ar", device: s
         dtype: ``float32`` (default; exact greedy equality), ``bfloat16`` or ``float16``.
         trust_remote_code: allow custom modelling code from a model repository (off by default).
         self_test: check at load time that tree verification equals sequential decoding.
+        kernels: linear-layer backend, one of ``selfspec.KERNELS``: ``stock`` (default for a new
+            load), ``onednn`` (fp32, prepacked; CPU), ``int8`` (quantised model, opt-in) or
+            ``auto`` (fastest fp32 here). None keeps a loaded model's current backend.
         **method_options: options of the method's config, e.g. ``draft_model="..."``, ``k=4``.
     """
     cfg = method_config(method, method_options)
-    target = model if isinstance(model, LoadedModel) else load_model(model, device, dtype, trust_remote_code)
+    if isinstance(model, LoadedModel):
+        target = model
+        if kernels is not None and kernels != target.backend:
+            target.use_kernels(kernels)
+    else:
+        target = load_model(model, device, dtype, trust_remote_code, kernels=kernels or "stock")
     if self_test:
         tree_self_test(target.model)
-    ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code)
+    ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code,
+                       kernels=target.backend)
     spec = METHODS[method]
     drafter = spec.build(target, cfg, ctx)
     return SpeculativeGenerator(target, method, drafter, spec.lossless)

@@ -30,7 +30,22 @@ def _method_names() -> str:
     return ", ".join(f"{k}{'' if v.lossless else ' (NOT lossless)'}" for k, v in METHODS.items())
 
 
-def _add_model_args(p: argparse.ArgumentParser, method: bool = True) -> None:
+def _kernels_arg(many: bool):
+    """argparse type of ``--kernels``: one backend, or with ``many`` a comma-separated list."""
+    from .kernels import KERNELS
+
+    def parse(value: str) -> str:
+        names = [v.strip() for v in value.split(",") if v.strip()] if many else [value]
+        bad = [n for n in names if n not in KERNELS]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"unknown kernels '{bad[0] if bad else value}'; choose from "
+                                             f"{', '.join(KERNELS)}")
+        return ",".join(dict.fromkeys(names))
+
+    return parse
+
+
+def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool = False) -> None:
     from .models.bundled import DEFAULT_MODEL
 
     p.add_argument("--model", default=DEFAULT_MODEL,
@@ -43,6 +58,10 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (float32 gives exact greedy equality; default float32)")
+    p.add_argument("--kernels", default="stock", type=_kernels_arg(many),
+                   help="linear-layer backend: stock (default), onednn (fp32 prepacked, CPU), int8 (QUANTISED model: "
+                        "lossless w.r.t. the int8 model, not the fp32 one) or auto (fastest fp32 here)"
+                        + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
@@ -99,11 +118,18 @@ def _load(args: argparse.Namespace, method: str, model=None):
     from .api import load
 
     return load(model=model or args.model, method=method, device=args.device, dtype=args.dtype,
-                trust_remote_code=args.trust_remote_code, **method_options(args, method))
+                trust_remote_code=args.trust_remote_code, kernels=None if model else args.kernels,
+                **method_options(args, method))
+
+
+def kernels_label(kernels: str) -> str:
+    """How reports name a backend: int8 always says that the model is quantised."""
+    return "int8 (quantised model)" if kernels == "int8" else kernels
 
 
 def _stats_line(r) -> str:
-    return (f"[{r.method}{'' if r.lossless else ' NOT LOSSLESS'}] {r.new_tokens} tokens in {r.wall_s:.2f} s = "
+    return (f"[{r.method}{'' if r.lossless else ' NOT LOSSLESS'}, {kernels_label(r.kernels)} kernels] "
+            f"{r.new_tokens} tokens in {r.wall_s:.2f} s = "
             f"{r.tokens_per_s:.1f} tok/s; {r.steps} target forwards, tau {r.mean_accepted:.2f}")
 
 
@@ -158,7 +184,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print()
     a, s = results
     same = a.token_ids == s.token_ids
-    print(f"model {a.model} | prompt {a.prompt_tokens} tokens | {a.new_tokens} new tokens")
+    print(f"model {a.model} on {kernels_label(a.kernels)} kernels | prompt {a.prompt_tokens} tokens | "
+          f"{a.new_tokens} new tokens")
     print(f"ar {a.tokens_per_s:.1f} tok/s | {s.method} {s.tokens_per_s:.1f} tok/s | "
           f"speedup {a.wall_s / s.wall_s:.2f}x | token ids identical: {'yes' if same else 'NO'}")
     if kw["temperature"] == 0 and not same and s.lossless:
@@ -200,8 +227,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _setup(args)
     if args.max_q < 1 or args.reps < 1:
         raise SelfspecError("--max-q and --reps must be at least 1")
-    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code)
-    key = cost.profile_key(target.model, target.name)
+    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code, kernels=args.kernels)
+    key = cost.profile_key(target.model, target.name, target.backend)
     path = cost.profile_path(key)
     if path.is_file() and not args.remeasure:
         prof = cost.CostProfile.from_json(_json.loads(path.read_text()))
@@ -210,7 +237,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         prof = cost.measure(target.model, key, qs=qs, reps=args.reps, progress=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(_json.dumps(prof.to_json(), indent=1))
-    print(f"verify cost profile of {args.model} ({prof.context}-token cache), {key.split('|', 3)[-1]}")
+    print(f"verify cost profile of {args.model} on {kernels_label(target.backend)} kernels "
+          f"({prof.context}-token cache), {key.split('|', 3)[-1]}")
     print("    q   ms/forward   T(q)/T(1)   ms/token")
     for q, t in zip(prof.qs, prof.seconds):
         print(f"{q:5d} {t * 1000:12.1f} {t / prof.t1:11.2f} {t * 1000 / q:10.1f}")
@@ -256,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.runner import add_bench_args
 
     add_bench_args(b)
-    _add_model_args(b, method=False)
+    _add_model_args(b, method=False, many=True)
     b.set_defaults(func=cmd_bench)
     return p
 

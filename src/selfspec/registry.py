@@ -27,6 +27,7 @@ class BuildContext:
     device: object
     dtype: object
     trust_remote_code: bool
+    kernels: str = "stock"
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def _build_ar(target: LoadedModel, cfg: NoOptions, ctx: BuildContext) -> Drafter
 
 
 def _budget(target: LoadedModel, auto_k: bool, k: int) -> ChainBudget:
-    profile = load_or_measure(target.model, target.name) if auto_k else None
+    profile = load_or_measure(target.model, target.name, target.backend) if auto_k else None
     return ChainBudget(profile, k)
 
 
@@ -57,7 +58,7 @@ def _build_draft_model(target: LoadedModel, cfg: DraftModelConfig, ctx: BuildCon
         raise SelfspecError("method draft-model needs a draft: --draft-model NAME (e.g. qwen2.5-coder-0.5b-instruct)")
     if cfg.k < 1:
         raise SelfspecError("draft-model needs k >= 1")
-    draft = load_model(cfg.draft_model, ctx.device, ctx.dtype, ctx.trust_remote_code)
+    draft = load_model(cfg.draft_model, ctx.device, ctx.dtype, ctx.trust_remote_code, kernels=ctx.kernels)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.model.config.vocab_size,
                          draft.model.config.vocab_size, cfg.draft_model)
     if not 0.0 <= cfg.min_confidence < 1.0:

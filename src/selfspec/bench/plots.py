@@ -26,11 +26,12 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
-def plot_all(out: Path, summary: dict, records: list[dict], profile: dict | None, title: str) -> list[Path]:
+def plot_all(out: Path, summary: dict, records: list[dict], profiles: dict[str, dict] | None,
+             title: str) -> list[Path]:
     """Write the plots into ``out``; returns their paths."""
     plt = _plt()
     paths = []
-    names = [n for n in summary if n != "ar"]
+    names = [n for n, s in summary.items() if n != "ar" and s.get("baseline", "ar") != n]
 
     # 1. speedup by category and method
     cats = sorted({c for s in summary.values() for c in s["by_category"]})
@@ -82,16 +83,19 @@ def plot_all(out: Path, summary: dict, records: list[dict], profile: dict | None
         ax.legend(fontsize=8)
         paths.append(_save(plt, fig, out / "accepted_length_hist.png"))
 
-    # 4. the verify cost profile T(q)/T(1) on this machine
-    if profile:
-        qs, ts = profile["qs"], profile["seconds"]
+    # 4. the verify cost profile T(q) per kernels backend on this machine
+    if profiles:
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        ax.plot(qs, [t / ts[0] for t in ts], marker="o", label="T(q)/T(1)")
-        ax.plot(qs, qs, ls=":", color="gray", label="q (no batching gain)")
-        ax.set_ylim(0, max(t / ts[0] for t in ts) * 1.3)
+        top = 0.0
+        for backend, prof in profiles.items():
+            qs, ts = prof["qs"], prof["seconds"]
+            ax.plot(qs, [t * 1000 for t in ts], marker="o", label=f"{backend}: T(8)/T(1) = "
+                    f"{ts[qs.index(8)] / ts[0]:.2f}" if 8 in qs else backend)
+            top = max(top, max(ts) * 1000)
+        ax.set_ylim(0, top * 1.2)
         ax.set_xlabel("tokens verified in one forward (q)")
-        ax.set_ylabel("cost relative to q = 1")
-        ax.set_title(f"verify cost profile, T(1) = {ts[0] * 1000:.0f} ms")
+        ax.set_ylabel("ms per target forward")
+        ax.set_title("verify cost T(q) per kernels backend")
         ax.legend(fontsize=8)
         paths.append(_save(plt, fig, out / "cost_profile.png"))
     return paths

@@ -54,6 +54,11 @@ def environment() -> dict:
             "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": sha}
 
 
+def entry_name(method: str, backend: str) -> str:
+    """Name of a method run on a kernels backend in reports: ``pld`` on stock, ``pld@int8`` else."""
+    return method if backend == "stock" else f"{method}@{backend}"
+
+
 def _record_key(r: dict) -> tuple:
     return (r["prompt_id"], r["method"], r["repeat"])
 
@@ -129,24 +134,35 @@ def run_cli(args: argparse.Namespace) -> int:
         tmp.replace(records_path)
     out.mkdir(parents=True, exist_ok=True)
 
-    generators = {}
-    ar = None
-    for m in methods:
-        opts = {} if m == "ar" else method_options(args, m, strict=False)
-        generators[m] = load(model=ar.target if ar else args.model, method=m, device=args.device, dtype=args.dtype,
-                             trust_remote_code=args.trust_remote_code, self_test=ar is None, **opts)
-        ar = ar or generators[m]
-    target = ar.target
+    backends = args.kernels.split(",")
+    generators: dict = {}
+    backend_of: dict[str, str] = {}
+    target = None
+    for i, b in enumerate(backends):
+        if target is None:
+            from ..models.loading import load_model
+
+            target = load_model(args.model, args.device, args.dtype, args.trust_remote_code)
+        b = target.use_kernels(b, keep=True)  # resolves auto
+        backends[i] = b
+        for j, m in enumerate(methods):
+            opts = {} if m == "ar" else method_options(args, m, strict=False)
+            name = entry_name(m, b)
+            generators[name] = load(model=target, method=m, self_test=j == 0, **opts)
+            backend_of[name] = b
+    backends = list(dict.fromkeys(backends))
+    target.use_kernels("stock", keep=True)
     draft_model = None
     if "hf-assisted" in peers:
-        draft_model = generators["draft-model"].drafter.draft if "draft-model" in generators else None
-        if draft_model is None:
+        if "draft-model" in generators:
+            draft_model = generators["draft-model"].drafter.draft
+        else:
             from ..models.loading import load_model
 
             draft_model = load_model(args.draft_model, args.device, args.dtype, args.trust_remote_code).model
 
     meta = {"model": args.model, "draft_model": args.draft_model, "dataset": args.dataset, "prompts": len(prompts),
-            "methods": methods, "peers": peers, "generation": gen, "repeats": args.repeats,
+            "methods": methods, "kernels": backends, "peers": peers, "generation": gen, "repeats": args.repeats,
             "environment": environment()}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
@@ -155,7 +171,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
         text: object = p.text
         if "turn1_id" in p.meta:  # second turn: the conversation continues from ar's first answer
-            first = done[(p.meta["turn1_id"], "ar", rep)]
+            first = done[(p.meta["turn1_id"], entry_name("ar", backends[0]), rep)]
             answer = target.tokenizer.decode(first["token_ids"], skip_special_tokens=True)
             text = [{"role": "user", "content": p.turns[0]}, {"role": "assistant", "content": answer},
                     {"role": "user", "content": p.turns[1]}]
@@ -165,18 +181,20 @@ def run_cli(args: argparse.Namespace) -> int:
     warm = prompts[0]
     for g in generators.values():
         g.generate(prompt_ids(warm), **dict(gen, max_new_tokens=min(16, args.max_new_tokens)))
+    target.use_kernels("stock", keep=True)  # peers run the model as transformers loads it (fp32, stock)
     for p in peers:
         run_peer(p, target.model, prompt_ids(warm), min(16, args.max_new_tokens), args.temperature, args.top_p,
                  args.top_k, args.seed, draft_model, args.pld_tokens)
 
-    names = methods + peers
+    names = list(generators) + peers
     todo = [(rep, pr, n) for rep in range(args.repeats) for pr in prompts for n in names
             if (pr.id, n, rep) not in done]
     with open(records_path, "a") as f, tqdm(total=len(todo), desc="bench", unit="run") as bar:
         for rep, pr, name in todo:
             ids = prompt_ids(pr, rep)
             rec = {"prompt_id": pr.id, "category": pr.category, "method": name, "repeat": rep,
-                   "prompt_tokens": len(ids), "temperature": args.temperature, "time": time.time()}
+                   "backend": backend_of.get(name, "stock"), "prompt_tokens": len(ids),
+                   "temperature": args.temperature, "time": time.time()}
             if name in generators:
                 r = generators[name].generate(ids, **gen)
                 rec.update(kind="method", token_ids=r.token_ids, new_tokens=r.new_tokens, wall_s=r.wall_s,
@@ -185,6 +203,7 @@ def run_cli(args: argparse.Namespace) -> int:
                            lossless=r.lossless,
                            finish_reason=r.finish_reason)
             else:
+                target.use_kernels("stock", keep=True)
                 po = run_peer(name, target.model, ids, args.max_new_tokens, args.temperature, args.top_p,
                               args.top_k, args.seed, draft_model, args.pld_tokens)
                 rec.update(kind="peer", token_ids=po.token_ids, new_tokens=len(po.token_ids), wall_s=po.wall_s,
@@ -196,11 +215,13 @@ def run_cli(args: argparse.Namespace) -> int:
             bar.update()
 
     records = [r for r in done.values() if r["method"] in names and r["prompt_id"] in {p.id for p in prompts}]
-    summary = summarize(records, names)
+    baselines = {n: entry_name("ar", backend_of[n]) for n in generators}
+    summary = summarize(records, names, baselines)
     by_id = {p.id: p for p in prompts}
-    for s in summary.values():  # where greedy outputs differ: how close was the target to a tie there?
+    for name, s in summary.items():  # where greedy outputs differ: how close was the target to a tie there?
+        target.use_kernels(backend_of.get(name, "stock"), keep=True)
         for d in s.get("differences", []):
-            ar_rec = done.get((d["prompt_id"], "ar", d["repeat"]))
+            ar_rec = done.get((d["prompt_id"], s["baseline"], d["repeat"]))
             if ar_rec is not None:
                 ctx = prompt_ids(by_id[d["prompt_id"]], d["repeat"]) + ar_rec["token_ids"][: d["position"]]
                 d["ar_top2_gap"] = top2_gap(target.model, ctx)
@@ -208,13 +229,16 @@ def run_cli(args: argparse.Namespace) -> int:
         humaneval_scores(records, by_id, target.tokenizer, summary, out)
     from ..core.cost import load_or_measure
 
-    profile = load_or_measure(target.model, target.name).to_json()
-    meta["cost_profile"] = profile
+    profiles = {}
+    for b in backends:
+        target.use_kernels(b, keep=True)
+        profiles[b] = load_or_measure(target.model, target.name, b).to_json()
+    meta["cost_profiles"] = profiles
     write_report(out, meta, summary)
     try:
         from .plots import plot_all
 
-        plot_all(out, summary, records, profile, str(args.model))
+        plot_all(out, summary, records, profiles, str(args.model))
     except SelfspecError as e:
         print(f"selfspec: no plots: {e}", file=sys.stderr)
     print((out / "report.md").read_text())

@@ -14,6 +14,8 @@ from transformers import DynamicCache
 
 from ..errors import SelfspecError
 
+ROWWISE = "selfspec_rowwise"  # kernels.rowwise_attention.NAME (not imported: it registers on import)
+
 
 @dataclass(frozen=True)
 class BlockOutput:
@@ -34,13 +36,14 @@ def build_mask(base: int, block_mask: torch.Tensor, attn_impl: str, dtype: torch
     """A ``[1, 1, T, base + T]`` mask: every new token sees the whole cached prefix, and
     ``block_mask[i, j]`` says whether new token i sees new token j.
 
-    Boolean (True = attend) for sdpa; additive (0 or dtype-min) for eager attention.
+    Boolean (True = attend) for sdpa and the int8 backend's row-wise attention; additive (0 or
+    dtype-min) for eager attention.
     """
     t = block_mask.shape[0]
     full = torch.ones(t, base + t, dtype=torch.bool, device=device)
     full[:, base:] = block_mask.to(device)
     full = full[None, None]
-    if attn_impl == "sdpa":
+    if attn_impl in ("sdpa", ROWWISE):
         return full
     return torch.zeros(full.shape, dtype=dtype, device=device).masked_fill(~full, torch.finfo(dtype).min)
 
@@ -68,7 +71,7 @@ def forward_block(
     mask = None
     if block_mask is not None:
         impl = model.config._attn_implementation
-        if impl not in ("sdpa", "eager"):
+        if impl not in ("sdpa", "eager", ROWWISE):
             raise SelfspecError(f"tree verification needs attn_implementation sdpa or eager, not {impl}")
         mask = build_mask(base, block_mask, impl, model.dtype, device)
     out = model(

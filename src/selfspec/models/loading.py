@@ -31,12 +31,22 @@ class LoadedModel:
         tokenizer: its tokenizer.
         name: what the user asked for (shown in reports).
         path: the local directory the weights came from (None for a hub id).
+        backend: the linear-layer kernels in use (``stock``, ``onednn`` or ``int8``; see
+            :mod:`selfspec.kernels`). ``int8`` is a quantised model.
     """
 
     model: torch.nn.Module
     tokenizer: object
     name: str
     path: Path | None
+    backend: str = "stock"
+
+    def use_kernels(self, kernels: str, keep: bool = False) -> str:
+        """Switch this model's linear layers to ``kernels`` (in place); returns the backend."""
+        from ..kernels import apply_kernels
+
+        self.backend = apply_kernels(self.model, kernels, self.name, keep)
+        return self.backend
 
     @property
     def device(self) -> torch.device:
@@ -118,8 +128,13 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str = "sdpa",
+    kernels: str = "stock",
 ) -> LoadedModel:
-    """Load model ``spec`` for inference (eval mode, no grad)."""
+    """Load model ``spec`` for inference (eval mode, no grad), its linear layers on ``kernels``."""
+    from ..kernels import KERNELS
+
+    if kernels not in KERNELS:
+        raise SelfspecError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -148,6 +163,9 @@ def load_model(
         raise SelfspecError(f"could not load {spec}: {str(e).splitlines()[0]}") from e
     model.to(dev).eval()
     model.requires_grad_(False)
+    loaded = LoadedModel(model, tok, spec, path)
+    if kernels != "stock":
+        loaded.use_kernels(kernels)
     if os.environ.get("SELFSPEC_VERBOSE"):
-        print(f"selfspec: loaded {spec} from {source} on {dev} ({dt})", file=sys.stderr)
-    return LoadedModel(model, tok, spec, path)
+        print(f"selfspec: loaded {spec} from {source} on {dev} ({dt}, {loaded.backend} kernels)", file=sys.stderr)
+    return loaded

@@ -1,0 +1,45 @@
+"""Linear-layer backends chosen at load time (``selfspec.load(..., kernels=...)``, ``--kernels``).
+
+- ``stock``: the model as loaded (PyTorch's default kernels).
+- ``onednn``: fp32 weights prepacked for oneDNN (CPU); same model, different rounding.
+- ``int8``: int8 weights and per-token int8 activations with integer accumulation; changes the
+  model (opt-in), exact with respect to the quantised model.
+- ``auto``: the fastest fp32 backend on this machine, by a quick measurement cached per model.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import SelfspecError
+from . import int8, onednn, rowwise_attention
+from .swap import current_backend, restore_linears
+
+KERNELS = ("auto", "stock", "onednn", "int8")
+LOSSLESS_BACKENDS = ("stock", "onednn")
+
+
+def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", keep: bool = False) -> str:
+    """Put ``model``'s linear layers on backend ``kernels``; returns the backend now in use.
+
+    ``auto`` resolves to a concrete fp32 backend (see :mod:`selfspec.kernels.auto`). With
+    ``keep``, converted layers stay cached so switching back is instant (the benchmark does
+    this to interleave backends); otherwise layers of other backends are freed.
+    """
+    if kernels not in KERNELS:
+        raise SelfspecError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
+    if kernels == "auto":
+        from .auto import choose
+
+        kernels = choose(model, model_name)
+    restore_linears(model, forget=not keep)
+    if model.config._attn_implementation == rowwise_attention.NAME:
+        int8.set_attention(model, model.__dict__.pop("_selfspec_attn_before", "sdpa"))
+    if kernels == "onednn":
+        onednn.apply(model, keep)
+    elif kernels == "int8":
+        int8.apply(model, keep)
+    return kernels
+
+
+__all__ = ["KERNELS", "LOSSLESS_BACKENDS", "apply_kernels", "current_backend", "restore_linears"]

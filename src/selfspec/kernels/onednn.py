@@ -1,0 +1,56 @@
+"""``onednn`` backend: fp32 Linear layers through oneDNN with weights prepacked once at load.
+
+Same model, same precision; only the summation order (rounding) differs from MKL. On CPUs where
+MKL treats a few-row matrix product as separate matrix-vector products (the verify step of
+speculative decoding), oneDNN's blocked kernel keeps T(q) nearly flat.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import SelfspecError
+from .swap import SwappedLinear, flatten
+
+
+def available(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None if the backend can run here, else the reason it cannot."""
+    if device.type != "cpu":
+        return f"the onednn backend runs on CPU only (model is on {device}); use --kernels stock"
+    if dtype != torch.float32:
+        return f"the onednn backend is fp32 only (model is {dtype}); use --dtype float32 or --kernels stock"
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (mkldnn); use --kernels stock"
+    return None
+
+
+class OneDNNLinear(SwappedLinear):
+    """``y = x @ W.T + b`` with ``W`` reordered into oneDNN's blocked layout.
+
+    Shapes: ``x[..., in_features] -> y[..., out_features]`` (fp32).
+    """
+
+    backend = "onednn"
+
+    def __init__(self, original: nn.Linear) -> None:
+        super().__init__(original)
+        w = original.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
+        self.bias = None if original.bias is None else original.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = flatten(x)
+        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
+        return y.reshape(*lead, self.out_features)
+
+
+def apply(model: nn.Module, keep: bool = False) -> None:
+    """Swap every linear layer of ``model`` for :class:`OneDNNLinear`."""
+    from .swap import swap_linears
+
+    p = next(model.parameters())
+    reason = available(p.device, p.dtype)
+    if reason:
+        raise SelfspecError(reason)
+    swap_linears(model, OneDNNLinear, keep)

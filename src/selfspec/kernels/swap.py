@@ -1,0 +1,87 @@
+"""Swap a model's ``nn.Linear`` layers for another implementation, in place, without forking
+modelling code: HF models call ``self.q_proj(x)`` etc., so any module with the same call
+signature works. Each replacement keeps the original layer so the swap can be undone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class SwappedLinear(nn.Module):
+    """Base class of replacement layers: ``forward(x[..., in_features]) -> [..., out_features]``.
+
+    Attributes:
+        original: the ``nn.Linear`` it replaced (its weight stays shared with e.g. tied embeddings).
+        in_features, out_features: as in ``nn.Linear``.
+    """
+
+    backend = "?"
+
+    def __init__(self, original: nn.Linear) -> None:
+        super().__init__()
+        # Stored outside the module tree so state_dict / parameters() do not see it twice.
+        self.__dict__["original"] = original
+        self.in_features = original.in_features
+        self.out_features = original.out_features
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, backend={self.backend}"
+
+
+def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """Every ``(parent, attribute name, layer)`` whose layer is an ``nn.Linear`` or a swapped one."""
+    found = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, (nn.Linear, SwappedLinear)):
+                found.append((parent, name, child))
+    return found
+
+
+def swap_linears(model: nn.Module, make: Callable[[nn.Linear], SwappedLinear], keep: bool = False) -> int:
+    """Replace every linear layer by ``make(original)``; returns how many were replaced.
+
+    With ``keep``, the replacement is remembered on the original layer and reused next time
+    (switching backends back and forth is then free, at the memory cost of both copies).
+    """
+    n = 0
+    for parent, name, child in linear_layers(model):
+        original = child.original if isinstance(child, SwappedLinear) else child
+        kept: dict = original.__dict__.setdefault("_selfspec_kept", {})
+        layer = kept.get(make)
+        if layer is None:
+            layer = make(original)
+            if keep:
+                kept[make] = layer
+        setattr(parent, name, layer)
+        n += 1
+    return n
+
+
+def restore_linears(model: nn.Module, forget: bool = False) -> None:
+    """Undo :func:`swap_linears`: put the original ``nn.Linear`` layers back.
+
+    ``forget`` also drops replacements kept with ``swap_linears(..., keep=True)``.
+    """
+    for parent, name, child in linear_layers(model):
+        original = child.original if isinstance(child, SwappedLinear) else child
+        if forget:
+            original.__dict__.pop("_selfspec_kept", None)
+        if child is not original:
+            setattr(parent, name, original)
+
+
+def current_backend(model: nn.Module) -> str:
+    """``stock`` if no layer is swapped, else the swapped layers' backend name."""
+    for _, _, child in linear_layers(model):
+        if isinstance(child, SwappedLinear):
+            return child.backend
+    return "stock"
+
+
+def flatten(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``x[..., K]`` as a contiguous ``[M, K]`` matrix, plus the leading shape to restore."""
+    return x.reshape(-1, x.shape[-1]), tuple(x.shape[:-1])
