@@ -28,6 +28,9 @@ def run(capsys, *argv):
     ["--method", "ar", "--k", "3"],
     ["--model", "no-such-model"],
     ["--dtype", "float64"],
+    ["--kernels", "fast"],
+    ["--kernels", "int8,stock"],
+    ["--kernels", "onednn", "--dtype", "bfloat16"],
 ])
 def test_bad_input_is_one_line_exit_2(capsys, tiny_dir, args):
     try:
@@ -83,3 +86,17 @@ def test_profile_command(capsys, tiny_dir, tmp_path, monkeypatch):
     assert [int(r[0]) for r in rows] == [1, 2, 3, 4]
     assert float(rows[0][2]) == 1.0
     assert list((tmp_path / "profiles").glob("*.json"))
+
+
+@pytest.mark.parametrize("kernels", ["onednn", "int8"])
+def test_kernels_flag_stats_line_names_the_backend(capsys, tiny_dir, kernels):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--kernels", kernels,
+                         "--max-new-tokens", "8", "w5 w6 w7")
+    assert code == 0
+    assert f"{kernels} (quantised model) kernels" in err if kernels == "int8" else "onednn kernels" in err
+
+
+def test_profile_per_backend(capsys, tiny_dir):
+    code, out, err = run(capsys, "profile", "--model", str(tiny_dir), "--kernels", "int8", "--max-q", "4",
+                         "--reps", "1")
+    assert code == 0 and "int8 (quantised model) kernels" in out and "T(q)/T(1)" in out

@@ -60,3 +60,21 @@ def test_bad_dataset_is_a_clear_error(tiny_dir, tmp_path, capsys):
     bad.write_text('{"id": 1}\n')
     assert bench(tiny_dir, bad, tmp_path / "o") == 2
     assert "prompt" in capsys.readouterr().err
+
+
+def test_bench_compares_kernels_backends_in_one_run(tiny_dir, dataset, tmp_path):
+    out = tmp_path / "run"
+    code = main(["bench", "--model", str(tiny_dir), "--methods", "ar,pld", "--peers", "hf", "--kernels",
+                 "stock,onednn,int8", "--dataset", str(dataset), "--max-new-tokens", "10", "--out", str(out)])
+    assert code == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    names = {"ar", "pld", "ar@onednn", "pld@onednn", "ar@int8", "pld@int8", "hf"}
+    assert {r["method"] for r in records} == names
+    assert {r["backend"] for r in records if r["method"].endswith("@int8")} == {"int8"}
+    rep = json.loads((out / "report.json").read_text())
+    s = rep["summary"]
+    assert s["pld@int8"]["baseline"] == "ar@int8" and s["pld@int8"]["identical"] == "3/3"
+    assert s["pld@onednn"]["identical"] == "3/3" and s["ar@onednn"]["identical_to_hf"] == "3/3"
+    assert s["pld"]["speedup_vs_hf"] is not None
+    assert set(rep["meta"]["cost_profiles"]) == {"stock", "onednn", "int8"}
+    assert "int8 (quantised)" in (out / "report.md").read_text()

@@ -1,5 +1,6 @@
 """The core invariant: greedy token ids of every method equal ``transformers`` ``generate`` and
-``ar``, for drafts that are all accepted, none accepted, and right for exactly j tokens."""
+``ar``, for drafts that are all accepted, none accepted, and right for exactly j tokens, on every
+kernels backend (``generate`` runs the same model, its linear layers on that backend)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,13 @@ class InvariantChecker:
         self.inner.observe(state, proposal, verdict, out)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=[(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def target(request, tiny_dir, tiny_qwen_dir):
-    return load_model(str(tiny_dir if request.param == "llama" else tiny_qwen_dir))
+    family, kernels = request.param
+    t = load_model(str(tiny_dir if family == "llama" else tiny_qwen_dir), kernels=kernels)
+    assert t.backend == kernels
+    return t
 
 
 PROMPTS = [prompt_ids(s, n) for s, n in [(0, 1), (1, 5), (2, 17), (3, 40)]]

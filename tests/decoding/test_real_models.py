@@ -48,6 +48,37 @@ def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
     assert not mismatches, f"{method}: prompts {mismatches} differ from transformers generate"
 
 
+@pytest.fixture(scope="module", params=["onednn", "int8"])
+def smol_fast(request):
+    """A private SmolLM2 on a fast backend (the shared fixture stays on stock)."""
+    from selfspec.models.loading import load_model
+
+    target = load_model(bundled_path("smollm2-135m-instruct"), kernels=request.param)
+    target.refs = None  # generate's ids on this same model (int8), computed once
+    return target
+
+
+@pytest.mark.parametrize("method,opts", [
+    ("ar", {}),
+    ("pld", {}),
+    ("draft-model", {"draft_model": "self", "k": 4, "auto_k": False}),
+])
+def test_smollm2_fast_kernels_greedy(smol_fast, smol_refs, method, opts):
+    """onednn (fp32): identical to ``transformers`` ``generate`` on the stock fp32 model. int8: identical to
+    ``generate`` on the same int8 model (it is a different model from the fp32 one)."""
+    prompts, refs = smol_refs
+    if smol_fast.backend == "int8":
+        if smol_fast.refs is None:
+            smol_fast.refs = [hf_ids(smol_fast.model, p, MAX_NEW) for p in prompts]
+        refs = smol_fast.refs
+    if opts.get("draft_model") == "self":
+        opts = dict(opts, draft_model=str(smol_fast.path))
+    g = selfspec.load(smol_fast, method, self_test=method == "ar", **opts)
+    mismatches = [i for i, (p, ref) in enumerate(zip(prompts, refs))
+                  if g.generate(p, max_new_tokens=MAX_NEW).token_ids != ref]
+    assert not mismatches, f"{method} on {smol_fast.backend}: prompts {mismatches} differ from generate"
+
+
 @pytest.mark.slow
 def test_qwen_1p5b_with_0p5b_draft_matches_generate():
     g = selfspec.load(bundled_path("qwen2.5-coder-1.5b-instruct"), "draft-model",

@@ -1,0 +1,57 @@
+"""Backend selection: onednn keeps the fp32 model, auto measures and caches, bad input is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from selfspec.core.cost import profile_key, profile_path
+from selfspec.errors import SelfspecError
+from selfspec.kernels import KERNELS, apply_kernels, current_backend
+from selfspec.kernels.auto import candidates, choose
+from selfspec.models.loading import load_model
+
+
+@torch.inference_mode()
+def test_onednn_is_the_same_model_up_to_rounding(tiny_dir):
+    t = load_model(str(tiny_dir))
+    ids = torch.tensor([[5, 9, 11, 4, 30, 7]])
+    ref = t.model(input_ids=ids).logits
+    t.use_kernels("onednn")
+    assert current_backend(t.model) == "onednn"
+    got = t.model(input_ids=ids).logits
+    assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir):
+    t = load_model(str(tiny_dir))
+    assert set(candidates(t.model)) <= {"stock", "onednn"}
+    choice = choose(t.model, "tiny")
+    assert choice in candidates(t.model)
+    path = profile_path(profile_key(t.model, "tiny", "auto-choice"))
+    if len(candidates(t.model)) > 1:
+        saved = json.loads(path.read_text())
+        assert saved["backend"] == choice and set(saved["seconds"]) == set(candidates(t.model))
+    assert t.use_kernels("auto") == choice
+
+
+def test_unknown_kernels_are_refused(tiny_dir):
+    with pytest.raises(SelfspecError, match="unknown kernels 'fast'.*auto, stock, onednn, int8"):
+        load_model(str(tiny_dir), kernels="fast")
+    t = load_model(str(tiny_dir))
+    with pytest.raises(SelfspecError, match="unknown kernels"):
+        apply_kernels(t.model, "int4")
+    assert KERNELS == ("auto", "stock", "onednn", "int8")
+
+
+def test_onednn_needs_fp32(tiny_dir):
+    with pytest.raises(SelfspecError, match="fp32 only"):
+        load_model(str(tiny_dir), dtype="bfloat16", kernels="onednn")
+
+
+def test_profiles_are_kept_per_backend(tiny_dir):
+    t = load_model(str(tiny_dir))
+    keys = {profile_key(t.model, "tiny", b) for b in ("stock", "onednn", "int8")}
+    assert len(keys) == 3

@@ -1,0 +1,123 @@
+"""int8 backend: exact integer accumulation and row-wise attention make verification logits
+bit-identical to one-token decoding of the same quantised model, for any block size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfspec.core import kv_cache
+from selfspec.kernels import int8
+from selfspec.kernels.int8 import Int8Linear, quantize_rows
+from selfspec.models.loading import load_model
+from selfspec.models.selftest import tree_self_test
+
+from ..conftest import bundled_path
+
+
+@pytest.fixture(scope="module")
+def smol_int8():
+    """A private SmolLM2 on int8 kernels (the shared fixture stays on stock)."""
+    return load_model(bundled_path("smollm2-135m-instruct"), kernels="int8")
+
+
+def test_quantize_rows_is_symmetric_per_row():
+    x = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [3.0, 0.0, -3.0]])
+    q, s = quantize_rows(x)
+    assert q.dtype == torch.int8 and q.abs().max() == 127
+    assert torch.equal(q[1], torch.zeros(3, dtype=torch.int8)) and s[1].item() == 1.0
+    assert torch.allclose(q.float() * s, x, atol=s.max().item())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_rows_do_not_depend_on_the_batch(bias):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 200, bias=bias)
+    layer = Int8Linear(lin)
+    x = torch.randn(16, 96) * torch.logspace(-2, 2, 16)[:, None]  # very different row magnitudes
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(16)])
+    for m in range(1, 17):
+        assert torch.equal(layer(x[:m]), alone[:m])
+    assert torch.equal(layer(x[None, :5]), alone[None, :5])  # any leading shape
+    rel = (layer(x) - lin(x)).norm() / lin(x).norm()
+    assert 0 < rel < 0.02  # quantised, but close
+
+
+def test_int8_kernels_agree_exactly():
+    """The oneDNN u8 x s8 kernel and torch._int_mm give the same result bit for bit."""
+    if not int8._onednn_int8():
+        pytest.skip("no oneDNN int8 kernel in this torch build")
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(64, 48)
+    a, b = Int8Linear(lin), Int8Linear(lin)
+    q, _ = quantize_rows(lin.weight.detach())
+    b.use_onednn, b.weight_t = False, q.t()
+    x = torch.randn(7, 64)
+    assert torch.equal(a(x), b(x))
+
+
+def one_token_logits(model, ids: list[int], prefix: int) -> torch.Tensor:
+    """Logits of tokens prefix.. decoded one at a time after a batched prefill: ``[len - prefix, V]``."""
+    cache = kv_cache.new_cache(model.config)
+    model(input_ids=torch.tensor([ids[:prefix]]), past_key_values=cache, use_cache=True)
+    rows = []
+    for i in range(prefix, len(ids)):
+        out = model(input_ids=torch.tensor([[ids[i]]]), position_ids=torch.tensor([[i]]), past_key_values=cache,
+                    use_cache=True)
+        rows.append(out.logits[0, -1])
+    return torch.stack(rows)
+
+
+def block_differences(model, ids: list[int], prefix: int, qs) -> list[float]:
+    """Largest |verify logits - one-token logits| for each block size q."""
+    ref = one_token_logits(model, ids, prefix)
+    cache = kv_cache.new_cache(model.config)
+    model(input_ids=torch.tensor([ids[:prefix]]), past_key_values=cache, use_cache=True)
+    worst = []
+    for q in qs:
+        kv_cache.truncate(cache, prefix)
+        out = model(input_ids=torch.tensor([ids[prefix:prefix + q]]),
+                    position_ids=torch.arange(prefix, prefix + q)[None], past_key_values=cache, use_cache=True)
+        worst.append(float((out.logits[0] - ref[:q]).abs().max()))
+    return worst
+
+
+@torch.inference_mode()
+def test_verify_logits_bit_identical_to_one_token_decoding(smol_int8):
+    text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n" * 2
+    ids = smol_int8.tokenizer(text)["input_ids"]
+    assert len(ids) >= 12 + 16
+    assert block_differences(smol_int8.model, ids, 12, range(1, 17)) == [0.0] * 16
+
+
+@torch.inference_mode()
+def test_negative_control_batched_attention_breaks_bit_identity(smol_int8):
+    """The same check fails with int8 linears but the stock batched attention: the test can fail."""
+    model = smol_int8.model
+    ids = smol_int8.tokenizer("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"]
+    int8.set_attention(model, "sdpa")
+    try:
+        worst = block_differences(model, ids, 12, range(1, 17))
+    finally:
+        int8.set_attention(model, "selfspec_rowwise")
+    assert max(worst) > 0
+
+
+@torch.inference_mode()
+def test_tree_rows_bit_identical_to_their_paths(smol_int8, tiny_dir):
+    assert tree_self_test(smol_int8.model) == 0.0
+    tiny = load_model(str(tiny_dir), kernels="int8")
+    assert tree_self_test(tiny.model) == 0.0
+
+
+@torch.inference_mode()
+def test_switching_back_to_stock_restores_the_model(tiny_dir):
+    t = load_model(str(tiny_dir))
+    ids = torch.tensor([[5, 9, 11, 4, 30]])
+    before = t.model(input_ids=ids).logits
+    assert t.use_kernels("int8") == "int8"
+    quantised = t.model(input_ids=ids).logits
+    assert not torch.equal(before, quantised)
+    assert t.use_kernels("stock") == "stock"
+    assert t.model.config._attn_implementation == "sdpa"
+    assert torch.equal(t.model(input_ids=ids).logits, before)
