@@ -7,6 +7,10 @@ exact whatever the kernel's blocking, and a row's activation scale depends only 
 a token's logits do not depend on how many other tokens are verified with it. (Per-tensor
 dynamic scales, as in ``torch.ao`` dynamic quantisation, break that: the scale would depend on
 the other rows.)
+
+Sibling layers that read the same input (``q/k/v_proj``, ``gate/up_proj``) share one quantised
+activation and one matrix product over their concatenated weights; since every output column is
+still its own exact integer sum times its own scales, that changes no bit of the result.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from torch import nn
 
 from ..errors import SelfspecError
 from . import rowwise_attention
-from .swap import SwappedLinear, flatten, swap_linears
+from .swap import SwappedLinear, flatten, linear_layers, swap_linears
 
 QMAX = 127.0
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,16 +32,20 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Args:
         x: ``[M, K]`` float.
     Returns:
-        ``(q[M, K] int8, scale[M, 1] float)`` with ``x ~= q * scale``; a zero row gets scale 1.
+        ``(q[M, K] int8, scale[M, 1] float)`` with ``x ~= q * scale``.
     """
-    amax = x.abs().amax(dim=1, keepdim=True)
-    scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
-    q = torch.round(x / scale).clamp_(-QMAX, QMAX).to(torch.int8)
-    return q, scale
+    scale = row_scales(x)
+    return torch.round(x / scale).to(torch.int8), scale
+
+
+def row_scales(x: torch.Tensor) -> torch.Tensor:
+    """``amax(|x|) / 127`` per row of ``x[M, K]`` -> ``[M, 1]``; a zero row gets a tiny scale
+    (its values quantise to 0 all the same). ``|x / scale| <= 127`` holds without clamping."""
+    return x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30).div_(QMAX)
 
 
 def available(device: torch.device, dtype: torch.dtype) -> str | None:
-    """None if ``torch._int_mm`` can run here, else the reason it cannot."""
+    """None if the int8 kernels can run here, else the reason they cannot."""
     if not hasattr(torch, "_int_mm"):
         return "this torch build has no torch._int_mm; use --kernels stock"
     if device.type not in ("cpu", "cuda"):
@@ -49,62 +58,138 @@ def _onednn_int8() -> bool:
         and torch.backends.mkldnn.is_available()
 
 
-class Int8Linear(SwappedLinear):
-    """``y = (q(x) @ Wq.T) * s_w * s_x + b`` with integer accumulation.
+class Int8Matmul:
+    """``x[M, K] -> (q(x) @ Wq.T) * s_w * s_x + b`` ``[M, N]`` for one int8 weight matrix.
 
-    Shapes: ``x[..., in_features] -> y[..., out_features]`` in ``x``'s dtype.
-
-    Kernels: on CPU, oneDNN's u8 x s8 matrix product with the weight prepacked (the int8
-    activations shifted to uint8 with zero point 128, which oneDNN compensates exactly; flat
-    cost in the number of rows); elsewhere ``torch._int_mm`` on ``weight_t[in, out]``. Both
-    return the exact int32 accumulator times ``s_w``, so the result is the same either way.
+    Kernels: on CPU, oneDNN's u8 x s8 product with the weight prepacked (the int8 activations
+    shifted to uint8 with zero point 128, which oneDNN compensates exactly; flat cost in M);
+    elsewhere ``torch._int_mm``. Both give the exact int32 sums, so results are the same bits.
     """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        q, scale = quantize_rows(weight.detach().float())
+        self.out_features = weight.shape[0]
+        self.weight_scale = scale.reshape(-1)  # [N] fp32
+        self.bias = None if bias is None else bias.detach().float()
+        self.use_onednn = weight.device.type == "cpu" and _onednn_int8()
+        self.weight_t = q.t()  # [K, N] view of a row-major [N, K] int8 matrix (torch._int_mm)
+        if self.use_onednn:
+            self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+            self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
+            self.weight_t = None
+
+    def __call__(self, x2: torch.Tensor) -> torch.Tensor:
+        """``x2[M, K]`` float -> ``[M, N]`` fp32."""
+        if self.use_onednn:
+            xs = row_scales(x2)
+            xu = torch.round(x2 / xs).add_(128).to(torch.uint8)
+            y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, self.packed, self.weight_scale,
+                                                   self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
+        else:
+            xq, xs = quantize_rows(x2)
+            if xq.is_cuda and xq.shape[0] <= 16:  # the CUDA kernel wants more than 16 rows
+                pad = torch.zeros(17 - xq.shape[0], xq.shape[1], dtype=torch.int8, device=xq.device)
+                acc = torch._int_mm(torch.cat([xq, pad]), self.weight_t)[: xq.shape[0]]
+            else:
+                acc = torch._int_mm(xq, self.weight_t)
+            y = acc.float().mul_(self.weight_scale)
+        y = y.mul_(xs.float())
+        return y if self.bias is None else y.add_(self.bias)
+
+
+class Int8Linear(SwappedLinear):
+    """One linear layer on :class:`Int8Matmul`. Shapes: ``x[..., in] -> [..., out]`` in ``x``'s dtype."""
 
     backend = "int8"
 
     def __init__(self, original: nn.Linear) -> None:
         super().__init__(original)
-        w = original.weight.detach().float()
-        q, scale = quantize_rows(w)
-        self.weight_scale = scale.reshape(-1)  # [out] fp32
-        self.bias = None if original.bias is None else original.bias.detach()
-        self.use_onednn = w.device.type == "cpu" and _onednn_int8()
-        if self.use_onednn:
-            self.packed = torch.ops.onednn.qlinear_prepack(q, None)
-            self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-        else:
-            self.weight_t = q.t()  # [in, out] view of a row-major [out, in] int8 matrix
-
-    def _accumulate(self, xq: torch.Tensor) -> torch.Tensor:
-        """``xq[M, in]`` int8 -> ``(xq @ Wq.T) * s_w`` ``[M, out]`` fp32 (exact int32 sums)."""
-        if self.use_onednn:
-            xu = (xq.to(torch.int16) + 128).to(torch.uint8)
-            return torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, self.packed, self.weight_scale,
-                                                      self.zero_points, None, 1.0, 0, torch.float32,
-                                                      "none", [], "")
-        if xq.is_cuda and xq.shape[0] <= 16:  # the CUDA kernel wants more than 16 rows
-            pad = torch.zeros(17 - xq.shape[0], xq.shape[1], dtype=torch.int8, device=xq.device)
-            acc = torch._int_mm(torch.cat([xq, pad]), self.weight_t)[: xq.shape[0]]
-        else:
-            acc = torch._int_mm(xq, self.weight_t)
-        return acc.float().mul_(self.weight_scale)
+        self.matmul = Int8Matmul(original.weight, original.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = flatten(x)
-        xq, xs = quantize_rows(x2.float())
-        y = self._accumulate(xq).mul_(xs)
-        if self.bias is not None:
-            y = y.add_(self.bias.float())
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        return self.matmul(x2).to(x.dtype).reshape(*lead, self.out_features)
+
+
+class Int8Group:
+    """Sibling layers reading the same input, as one product over their concatenated weights.
+
+    The first sibling called computes all outputs; each other sibling takes its slice once.
+    The cache is keyed by the input tensor object (and its version counter outside inference
+    mode), so a different input, or a sibling asking twice, is always recomputed.
+    """
+
+    def __init__(self, layers: list[nn.Linear]) -> None:
+        weight = torch.cat([layer.weight.detach() for layer in layers])
+        biases = [layer.bias.detach() if layer.bias is not None else torch.zeros(layer.out_features)
+                  for layer in layers]
+        has_bias = any(layer.bias is not None for layer in layers)
+        self.matmul = Int8Matmul(weight, torch.cat(biases) if has_bias else None)
+        self.sizes = [layer.out_features for layer in layers]
+        self._input: torch.Tensor | None = None
+        self._version = -1
+        self._outputs: list[torch.Tensor | None] = []
+
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Output of sibling ``index`` for ``x[..., K]``: ``[..., sizes[index]]``."""
+        version = -1 if x.is_inference() else x._version
+        if x is not self._input or version != self._version or self._outputs[index] is None:
+            x2, lead = flatten(x)
+            y = self.matmul(x2).to(x.dtype)
+            self._outputs = [part.reshape(*lead, n) for part, n in zip(y.split(self.sizes, dim=1), self.sizes)]
+            self._input, self._version = x, version
+        out, self._outputs[index] = self._outputs[index], None
+        if all(o is None for o in self._outputs):
+            self._input = None  # all taken: hold no reference to the input
+        return out
+
+
+class Int8GroupMember(SwappedLinear):
+    """One sibling of an :class:`Int8Group`. Shapes: ``x[..., in] -> [..., out]``."""
+
+    backend = "int8"
+
+    def __init__(self, original: nn.Linear, group: Int8Group, index: int) -> None:
+        super().__init__(original)
+        self.group, self.index = group, index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output(x, self.index)
+
+
+def _original(layer: nn.Module) -> nn.Linear:
+    return layer.original if isinstance(layer, SwappedLinear) else layer
 
 
 def apply(model: nn.Module, keep: bool = False) -> None:
-    """Swap every linear layer of ``model`` (the LM head too) for :class:`Int8Linear`."""
+    """Swap every linear layer of ``model`` (the LM head too) for int8: sibling groups for
+    ``q/k/v_proj`` and ``gate/up_proj``, :class:`Int8Linear` for the rest."""
     p = next(model.parameters())
     reason = available(p.device, p.dtype)
     if reason:
         raise SelfspecError(reason)
-    swap_linears(model, Int8Linear, keep)
+    grouped = set()
+    for parent in model.modules():
+        for names in SIBLINGS:
+            layers = [getattr(parent, n, None) for n in names]
+            if not all(isinstance(x, (nn.Linear, SwappedLinear)) for x in layers):
+                continue
+            originals = [_original(x) for x in layers]
+            if len({o.in_features for o in originals}) != 1:
+                continue
+            kept = originals[0].__dict__.get("_selfspec_kept", {})
+            members = kept.get(Int8GroupMember)
+            if members is None:
+                group = Int8Group(originals)
+                members = [Int8GroupMember(o, group, i) for i, o in enumerate(originals)]
+                if keep:
+                    originals[0].__dict__.setdefault("_selfspec_kept", {})[Int8GroupMember] = members
+            for n, m in zip(names, members):
+                setattr(parent, n, m)
+                grouped.add(id(m))
+    rest = [child for _, _, child in linear_layers(model) if id(child) not in grouped]
+    if rest:
+        swap_linears(model, Int8Linear, keep, only={id(c) for c in rest})
     model.__dict__.setdefault("_selfspec_attn_before", model.config._attn_implementation)
     set_attention(model, rowwise_attention.NAME)
 

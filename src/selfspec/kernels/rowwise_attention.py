@@ -27,14 +27,10 @@ NAME = "selfspec_rowwise"
 def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None) -> torch.Tensor:
     """One query token against its visible keys.
 
-    Shapes: ``query[B, Hq, 1, D]``, ``key/value[B, Hkv, M, D]`` -> ``[B, Hq, 1, D]``.
-    Query heads of a KV group are folded into rows (``[B, Hkv, G, D]``) so no KV copy is made.
+    Shapes: ``query[B, Hkv, G, D]`` (the token's G query heads of each KV group folded into
+    rows, so no KV copy is made), ``key/value[B, Hkv, M, D]`` -> ``[B, Hkv, G, D]``.
     """
-    b, hq, _, d = query.shape
-    hkv = key.shape[1]
-    packed = query.reshape(b, hkv, hq // hkv, d)
-    out = F.scaled_dot_product_attention(packed, key, value, scale=scaling)
-    return out.reshape(b, hq, 1, d)
+    return F.scaled_dot_product_attention(query, key, value, scale=scaling)
 
 
 def rowwise_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -46,32 +42,33 @@ def rowwise_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     tokens), ``attention_mask`` None (causal) or ``[B, 1, T, N]`` (bool: True = attend, or
     additive float: 0 = attend). Returns ``[B, T, Hq, D]``.
     """
-    t, n = query.shape[2], key.shape[2]
+    b, hq, t, d = query.shape
+    n, hkv = key.shape[2], key.shape[1]
     if t == n:  # prompt prefill: no cached prefix, batched causal kernel
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    rows_q = query.reshape(b, hkv, hq // hkv, t, d).permute(0, 3, 1, 2, 4)  # [B, T, Hkv, G, D]
     rows = []
     for j in range(t):
         if attention_mask is None:
             m = n - t + j + 1
-            rows.append(_one_row(query[:, :, j:j + 1], key[:, :, :m], value[:, :, :m], scaling))
+            rows.append(_one_row(rows_q[:, j], key[:, :, :m], value[:, :, :m], scaling))
             continue
         per_batch = []
-        for b in range(query.shape[0]):
-            row = attention_mask[b, 0, j]
+        for i in range(b):
+            row = attention_mask[i, 0, j]
             visible = row if row.dtype == torch.bool else row == 0
             idx = visible.nonzero().flatten()
             m = idx.numel()
             if m and int(idx[-1]) == m - 1:  # a prefix: slice, as one-token decoding sees it
-                k, v = key[b:b + 1, :, :m], value[b:b + 1, :, :m]
+                k, v = key[i:i + 1, :, :m], value[i:i + 1, :, :m]
             else:
-                k, v = key[b:b + 1].index_select(2, idx), value[b:b + 1].index_select(2, idx)
-            per_batch.append(_one_row(query[b:b + 1, :, j:j + 1], k, v, scaling))
-        rows.append(torch.cat(per_batch))
-    out = torch.cat(rows, dim=2)
-    return out.transpose(1, 2).contiguous(), None
+                k, v = key[i:i + 1].index_select(2, idx), value[i:i + 1].index_select(2, idx)
+            per_batch.append(_one_row(rows_q[i:i + 1, j], k, v, scaling))
+        rows.append(per_batch[0] if b == 1 else torch.cat(per_batch))
+    return torch.stack(rows, dim=1).reshape(b, t, hq, d), None
 
 
 AttentionInterface.register(NAME, rowwise_attention_forward)

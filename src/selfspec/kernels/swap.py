@@ -41,14 +41,18 @@ def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return found
 
 
-def swap_linears(model: nn.Module, make: Callable[[nn.Linear], SwappedLinear], keep: bool = False) -> int:
-    """Replace every linear layer by ``make(original)``; returns how many were replaced.
+def swap_linears(model: nn.Module, make: Callable[[nn.Linear], SwappedLinear], keep: bool = False,
+                 only: set[int] | None = None) -> int:
+    """Replace every linear layer (or those whose ``id`` is in ``only``) by ``make(original)``;
+    returns how many were replaced.
 
     With ``keep``, the replacement is remembered on the original layer and reused next time
     (switching backends back and forth is then free, at the memory cost of both copies).
     """
     n = 0
     for parent, name, child in linear_layers(model):
+        if only is not None and id(child) not in only:
+            continue
         original = child.original if isinstance(child, SwappedLinear) else child
         kept: dict = original.__dict__.setdefault("_selfspec_kept", {})
         layer = kept.get(make)
