@@ -58,7 +58,8 @@ def _build_draft_model(target: LoadedModel, cfg: DraftModelConfig, ctx: BuildCon
         raise SelfspecError("method draft-model needs a draft: --draft-model NAME (e.g. qwen2.5-coder-0.5b-instruct)")
     if cfg.k < 1:
         raise SelfspecError("draft-model needs k >= 1")
-    draft = load_model(cfg.draft_model, ctx.device, ctx.dtype, ctx.trust_remote_code, kernels=ctx.kernels)
+    draft = load_model(cfg.draft_model, ctx.device, ctx.dtype, ctx.trust_remote_code, kernels=ctx.kernels,
+                       release_fp32=True)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.model.config.vocab_size,
                          draft.model.config.vocab_size, cfg.draft_model)
     if not 0.0 <= cfg.min_confidence < 1.0:

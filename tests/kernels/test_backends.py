@@ -55,3 +55,14 @@ def test_profiles_are_kept_per_backend(tiny_dir):
     t = load_model(str(tiny_dir))
     keys = {profile_key(t.model, "tiny", b) for b in ("stock", "onednn", "int8")}
     assert len(keys) == 3
+
+
+@torch.inference_mode()
+def test_release_fp32_keeps_outputs_and_pins_the_backend(tiny_dir):
+    ids = torch.tensor([[5, 9, 11, 4]])
+    ref = load_model(str(tiny_dir), kernels="int8")
+    t = load_model(str(tiny_dir), kernels="int8", release_fp32=True)
+    assert torch.equal(t.model(input_ids=ids).logits, ref.model(input_ids=ids).logits)
+    assert t.use_kernels("int8") == "int8"
+    with pytest.raises(SelfspecError, match="fp32 weights were released"):
+        t.use_kernels("stock")

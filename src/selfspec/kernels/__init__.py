@@ -12,8 +12,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import SelfspecError
-from . import int8, onednn, rowwise_attention
-from .swap import current_backend, restore_linears
+from . import gqa_attention, int8, onednn, rowwise_attention
+from .swap import current_backend, release_originals, restore_linears
 
 KERNELS = ("auto", "stock", "onednn", "int8")
 LOSSLESS_BACKENDS = ("stock", "onednn")
@@ -28,12 +28,17 @@ def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", kee
     """
     if kernels not in KERNELS:
         raise SelfspecError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
+    if model.__dict__.get("_selfspec_released"):
+        if kernels == current_backend(model):
+            return kernels
+        raise SelfspecError(f"{model_name} was loaded for {current_backend(model)} kernels only (its fp32 weights "
+                            "were released); load it again to use other kernels")
     if kernels == "auto":
         from .auto import choose
 
         kernels = choose(model, model_name)
     restore_linears(model, forget=not keep)
-    if model.config._attn_implementation == rowwise_attention.NAME:
+    if model.config._attn_implementation in (rowwise_attention.NAME, gqa_attention.NAME):
         int8.set_attention(model, model.__dict__.pop("_selfspec_attn_before", "sdpa"))
     if kernels == "onednn":
         onednn.apply(model, keep)
@@ -42,4 +47,4 @@ def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", kee
     return kernels
 
 
-__all__ = ["KERNELS", "LOSSLESS_BACKENDS", "apply_kernels", "current_backend", "restore_linears"]
+__all__ = ["KERNELS", "LOSSLESS_BACKENDS", "apply_kernels", "current_backend", "release_originals", "restore_linears"]

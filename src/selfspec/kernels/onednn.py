@@ -2,7 +2,8 @@
 
 Same model, same precision; only the summation order (rounding) differs from MKL. On CPUs where
 MKL treats a few-row matrix product as separate matrix-vector products (the verify step of
-speculative decoding), oneDNN's blocked kernel keeps T(q) nearly flat.
+speculative decoding), oneDNN's blocked kernel keeps T(q) nearly flat. Verify blocks also use
+attention without KV copies (:mod:`selfspec.kernels.gqa_attention`).
 """
 
 from __future__ import annotations
@@ -54,3 +55,8 @@ def apply(model: nn.Module, keep: bool = False) -> None:
     if reason:
         raise SelfspecError(reason)
     swap_linears(model, OneDNNLinear, keep)
+    if model.config._attn_implementation == "sdpa":
+        from .gqa_attention import NAME
+
+        model.__dict__.setdefault("_selfspec_attn_before", "sdpa")
+        model.set_attn_implementation(NAME)

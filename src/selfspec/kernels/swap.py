@@ -89,3 +89,19 @@ def current_backend(model: nn.Module) -> str:
 def flatten(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     """``x[..., K]`` as a contiguous ``[M, K]`` matrix, plus the leading shape to restore."""
     return x.reshape(-1, x.shape[-1]), tuple(x.shape[:-1])
+
+
+def release_originals(model: nn.Module) -> int:
+    """Free the fp32 weights kept behind swapped layers (a model loaded for one backend for
+    good, e.g. a draft model, need not hold both copies). Weights shared with the input
+    embedding are kept. Returns the number of bytes freed; the model cannot go back to
+    ``stock`` afterwards."""
+    keep = model.get_input_embeddings().weight.data_ptr() if hasattr(model, "get_input_embeddings") else None
+    freed = 0
+    for _, _, child in linear_layers(model):
+        if isinstance(child, SwappedLinear) and child.original.weight.data_ptr() != keep:
+            w = child.original.weight
+            freed += w.numel() * w.element_size()
+            child.original.weight = nn.Parameter(torch.empty(0, dtype=w.dtype, device=w.device), requires_grad=False)
+    model.__dict__["_selfspec_released"] = True
+    return freed

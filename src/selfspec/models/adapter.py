@@ -14,7 +14,9 @@ from transformers import DynamicCache
 
 from ..errors import SelfspecError
 
-ROWWISE = "selfspec_rowwise"  # kernels.rowwise_attention.NAME (not imported: it registers on import)
+# attention functions that take boolean 4-D masks: HF's sdpa and the kernels backends' own
+# (kernels.rowwise_attention.NAME, kernels.gqa_attention.NAME; not imported: they register on import)
+BOOL_MASK_IMPLS = ("sdpa", "selfspec_rowwise", "selfspec_gqa_sdpa")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ def build_mask(base: int, block_mask: torch.Tensor, attn_impl: str, dtype: torch
     full = torch.ones(t, base + t, dtype=torch.bool, device=device)
     full[:, base:] = block_mask.to(device)
     full = full[None, None]
-    if attn_impl in ("sdpa", ROWWISE):
+    if attn_impl in BOOL_MASK_IMPLS:
         return full
     return torch.zeros(full.shape, dtype=dtype, device=device).masked_fill(~full, torch.finfo(dtype).min)
 
@@ -71,7 +73,7 @@ def forward_block(
     mask = None
     if block_mask is not None:
         impl = model.config._attn_implementation
-        if impl not in ("sdpa", "eager", ROWWISE):
+        if impl not in (*BOOL_MASK_IMPLS, "eager"):
             raise SelfspecError(f"tree verification needs attn_implementation sdpa or eager, not {impl}")
         mask = build_mask(base, block_mask, impl, model.dtype, device)
     out = model(

@@ -129,8 +129,12 @@ def load_model(
     trust_remote_code: bool = False,
     attn_implementation: str = "sdpa",
     kernels: str = "stock",
+    release_fp32: bool = False,
 ) -> LoadedModel:
-    """Load model ``spec`` for inference (eval mode, no grad), its linear layers on ``kernels``."""
+    """Load model ``spec`` for inference (eval mode, no grad), its linear layers on ``kernels``.
+
+    ``release_fp32`` frees the fp32 weights behind converted layers (saves memory; the model
+    then stays on that backend)."""
     from ..kernels import KERNELS
 
     if kernels not in KERNELS:
@@ -166,6 +170,10 @@ def load_model(
     loaded = LoadedModel(model, tok, spec, path)
     if kernels != "stock":
         loaded.use_kernels(kernels)
+        if release_fp32 and loaded.backend != "stock":
+            from ..kernels import release_originals
+
+            release_originals(model)
     if os.environ.get("SELFSPEC_VERBOSE"):
         print(f"selfspec: loaded {spec} from {source} on {dev} ({dt}, {loaded.backend} kernels)", file=sys.stderr)
     return loaded

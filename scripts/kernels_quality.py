@@ -1,0 +1,44 @@
+"""Quality cost of each kernels backend against the stock fp32 model: perplexity of held-back
+code (HumanEval's canonical programs) and top-1 agreement with fp32. Writes JSON.
+
+    python scripts/kernels_quality.py --model qwen2.5-coder-1.5b-instruct --out docs/results/kernels-quality.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+import torch
+
+from selfspec.bench.perplexity import heldback_code, perplexity
+from selfspec.models.loading import load_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--kernels", default="stock,onednn,int8")
+    ap.add_argument("--limit", type=int, default=40, help="first N HumanEval programs")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    target = load_model(args.model)
+    texts = heldback_code(args.limit)
+    results, ref = {}, None
+    for backend in args.kernels.split(","):
+        target.use_kernels(backend)
+        res, preds = perplexity(target.model, target.tokenizer, texts, ref, desc=backend)
+        if backend == "stock":
+            ref = preds
+        results[backend] = asdict(res)
+        print(f"{backend:8s} perplexity {res.perplexity:.4f}  tokens {res.tokens}  top-1 agreement with stock "
+              f"{res.top1_agree if res.top1_agree is not None else '-'}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": args.model, "texts": len(texts), "backends": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
