@@ -20,14 +20,17 @@ def section(bench_dir: Path) -> str:
         f"max_new_tokens {g['max_new_tokens']}; machine `{env['machine']}`, torch {env['torch']}, "
         f"transformers {env['transformers']}, git {env['git']}.",
         "",
-        "| method | kind | tok/s | speedup vs ar | tau | identical to ar | HumanEval pass@1 |",
-        "|---|---|---|---|---|---|---|",
+        "| method | kernels | kind | tok/s | speedup vs ar | vs hf | tau | identical to ar | HumanEval pass@1 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in summ.items():
         tau = f"{s['tau']:.2f}" if s.get("tau") else "-"
         p1 = f"{s['pass@1']:.2f}" if "pass@1" in s else "-"
-        lines.append(f"| {name} | {s['kind']} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {tau} "
-                     f"| {s.get('identical', '-')} | {p1} |")
+        hf = f"{s['speedup_vs_hf']:.2f}x" if s.get("speedup_vs_hf") else "-"
+        kernels = s.get("backend", "stock")
+        kernels = "int8 (quantised)" if kernels == "int8" else kernels
+        lines.append(f"| {name} | {kernels} | {s['kind']} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {hf} "
+                     f"| {tau} | {s.get('identical', '-')} | {p1} |")
     return "\n".join(lines)
 
 
@@ -38,8 +41,10 @@ def main() -> None:
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
     note = ("Generated from `selfspec bench` reports by `scripts/results_to_readme.py` (runs: "
-            "`scripts/bench_baselines.sh`, `scripts/bench_datasets.sh`; one process per model, every method and "
-            "peer on the same prompts in the same run after warm-up; speedup = ratio of tokens/s to `ar`).")
+            "`scripts/bench_baselines.sh`, `scripts/bench_datasets.sh`, `scripts/bench_kernels.sh`; one process per "
+            "model, every method and peer on the same prompts in the same run after warm-up; speedup = ratio of "
+            "tokens/s to `ar` on the same kernels, `vs hf` = ratio to `transformers` `generate` in fp32 in that run; "
+            "`int8` is a quantised model, lossless with respect to itself, quality cost in `docs/performance.md`).")
     readme.write_text(f"{head}{START}\n{note}\n\n{body}\n{END}{tail}")
 
 

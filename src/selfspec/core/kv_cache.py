@@ -1,5 +1,9 @@
 """KV-cache bookkeeping on stock ``transformers`` ``DynamicCache`` objects.
 
+Each layer is a :class:`PreallocLayer`: a ``DynamicLayer`` whose keys and values are views of a
+preallocated buffer that grows by doubling, so appending a verify block writes only the new rows
+instead of copying the whole cache (``torch.cat``) in every layer at every step.
+
 Invariant between decode steps: the target cache holds the KV of every committed token except
 the pending one. A verify forward appends the KV of all N tree nodes (and of any piggyback
 tokens) after ``base``; :func:`commit` keeps the rows of the accepted path, copying them down
@@ -15,6 +19,47 @@ from transformers.cache_utils import DynamicLayer
 from ..errors import SelfspecError
 
 
+class PreallocLayer(DynamicLayer):
+    """``DynamicLayer`` with in-place appends.
+
+    ``keys``/``values`` are ``[B, H, n, D]`` views of ``[B, H, capacity, D]`` buffers; truncating
+    (``keys = keys[..., :m, :]``) and copying rows down (writes into the view) work unchanged,
+    and the next update appends after the view's last row.
+    """
+
+    MIN_CAPACITY = 256
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kbuf: torch.Tensor | None = None
+        self._vbuf: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.keys.shape[-2] if self._kbuf is not None else 0
+        t = key_states.shape[-2]
+        if self._kbuf is None or n + t > self._kbuf.shape[-2] or self._kbuf.shape[:2] != key_states.shape[:2]:
+            cap = max(self.MIN_CAPACITY, 2 * (n + t))
+            b, h, _, d = key_states.shape
+            kbuf = key_states.new_empty(b, h, cap, d)
+            vbuf = value_states.new_empty(b, h, cap, value_states.shape[-1])
+            if n:
+                kbuf[..., :n, :] = self.keys
+                vbuf[..., :n, :] = self.values
+            self._kbuf, self._vbuf = kbuf, vbuf
+        self._kbuf[..., n:n + t, :] = key_states
+        self._vbuf[..., n:n + t, :] = value_states
+        self.keys = self._kbuf[..., :n + t, :]
+        self.values = self._vbuf[..., :n + t, :]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        super().reset()
+        self._kbuf = self._vbuf = None
+
+
 def new_cache(model_config) -> DynamicCache:
     """An empty cache for one sequence; refuses cache types that cannot be rolled back."""
     cache = DynamicCache(config=model_config)
@@ -24,6 +69,7 @@ def new_cache(model_config) -> DynamicCache:
                 f"this model uses a {type(layer).__name__} cache (sliding-window or hybrid), which "
                 "speculative decoding cannot roll back; use a model with full attention"
             )
+    cache.layers = [PreallocLayer() for _ in cache.layers]
     return cache
 
 
