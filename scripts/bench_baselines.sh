@@ -23,4 +23,4 @@ echo "== Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct =="
     --dataset builtin --limit 10 --max-new-tokens 64 --out "$OUT/qwen1.5b" --resume
 
 "$PY/python" scripts/results_to_readme.py README.md "$OUT/smollm2" "$OUT/qwen1.5b"
-# after scripts/bench_datasets.sh and scripts/bench_kernels.sh: add "$OUT/smollm2-mtbench" "$OUT/qwen1.5b-humaneval" "$OUT/smollm2-kernels" "$OUT/qwen1.5b-kernels" to the line above
+# after scripts/bench_datasets.sh and scripts/bench_kernels.sh: add "$OUT/smollm2-mtbench" "$OUT/qwen1.5b-humaneval" "$OUT/smollm2-kernels" "$OUT/qwen1.5b-kernels" "$OUT/qwen1.5b-humaneval-int8" to the line above

@@ -21,6 +21,9 @@ done
 "$PY/selfspec" bench --model smollm2-135m-instruct --methods ar,pld --kernels stock,onednn,int8 --peers hf \
     --dataset builtin --limit 20 --max-new-tokens 128 --out "$OUT/smollm2-kernels" --resume
 
+"$PY/selfspec" bench --model qwen2.5-coder-1.5b-instruct --methods ar,pld --kernels onednn,int8 \
+    --dataset humaneval --limit 30 --max-new-tokens 96 --out "$OUT/qwen1.5b-humaneval-int8" --resume
+
 "$PY/python" scripts/kernels_quality.py --model qwen2.5-coder-1.5b-instruct --limit 40 \
     --out "$OUT/qwen1.5b-kernels-quality.json"
 "$PY/python" scripts/step_breakdown.py --model smollm2-135m-instruct --kernels stock,onednn,int8 \
