@@ -66,3 +66,11 @@ def test_release_fp32_keeps_outputs_and_pins_the_backend(tiny_dir):
     assert t.use_kernels("int8") == "int8"
     with pytest.raises(SelfspecError, match="fp32 weights were released"):
         t.use_kernels("stock")
+
+
+def test_auto_from_int8_times_each_candidate_as_it_runs(tiny_dir):
+    t = load_model(str(tiny_dir), kernels="int8")
+    choice = t.use_kernels("auto")
+    assert choice in candidates(t.model)
+    assert t.model.config._attn_implementation != "selfspec_rowwise"
+    assert current_backend(t.model) == choice

@@ -18,7 +18,6 @@ from torch import nn
 from ..core import kv_cache
 from ..core.cost import profile_key, profile_path
 from . import onednn
-from .swap import restore_linears, swap_linears
 
 
 def candidates(model: nn.Module) -> list[str]:
@@ -61,7 +60,6 @@ def choose(model: nn.Module, model_name: str) -> str:
     cands = candidates(model)
     if len(cands) == 1:
         return cands[0]
-    restore_linears(model)
     path = profile_path(profile_key(model, model_name, "auto-choice"))
     if path.is_file():
         try:
@@ -72,13 +70,13 @@ def choose(model: nn.Module, model_name: str) -> str:
             pass
     print(f"selfspec: timing fp32 kernels ({', '.join(cands)}) for {model_name} on this machine (once) ...",
           file=sys.stderr)
+    from . import apply_kernels
+
     costs = {}
-    for name in cands:
-        restore_linears(model)
-        if name == "onednn":
-            swap_linears(model, onednn.OneDNNLinear)
+    for name in cands:  # each candidate as it would run: its layers and its attention function
+        apply_kernels(model, name, model_name)
         costs[name] = quick_cost(model)
-    restore_linears(model)
+    apply_kernels(model, "stock", model_name)
     choice = min(costs, key=costs.get)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"backend": choice, "seconds": costs}, indent=1))
