@@ -95,11 +95,11 @@ def test_negative_control_batched_attention_breaks_bit_identity(smol_int8):
     """The same check fails with int8 linears but the stock batched attention: the test can fail."""
     model = smol_int8.model
     ids = smol_int8.tokenizer("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"]
-    int8.set_attention(model, "sdpa")
+    model.set_attn_implementation("sdpa")
     try:
         worst = block_differences(model, ids, 12, range(1, 17))
     finally:
-        int8.set_attention(model, "selfspec_rowwise")
+        model.set_attn_implementation("selfspec_rowwise")
     assert max(worst) > 0
 
 

@@ -134,15 +134,13 @@ def run_cli(args: argparse.Namespace) -> int:
         tmp.replace(records_path)
     out.mkdir(parents=True, exist_ok=True)
 
+    from ..models.loading import load_model
+
     backends = args.kernels.split(",")
     generators: dict = {}
     backend_of: dict[str, str] = {}
-    target = None
+    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code)
     for i, b in enumerate(backends):
-        if target is None:
-            from ..models.loading import load_model
-
-            target = load_model(args.model, args.device, args.dtype, args.trust_remote_code)
         b = target.use_kernels(b, keep=True)  # resolves auto
         backends[i] = b
         for j, m in enumerate(methods):
@@ -157,8 +155,6 @@ def run_cli(args: argparse.Namespace) -> int:
         if "draft-model" in generators:
             draft_model = generators["draft-model"].drafter.draft
         else:
-            from ..models.loading import load_model
-
             draft_model = load_model(args.draft_model, args.device, args.dtype, args.trust_remote_code).model
 
     meta = {"model": args.model, "draft_model": args.draft_model, "dataset": args.dataset, "prompts": len(prompts),

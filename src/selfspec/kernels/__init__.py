@@ -12,11 +12,10 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import SelfspecError
-from . import gqa_attention, int8, onednn, rowwise_attention
-from .swap import current_backend, release_originals, restore_linears
+from . import int8, onednn
+from .swap import current_backend, release_originals, restore_attention, restore_linears
 
 KERNELS = ("auto", "stock", "onednn", "int8")
-LOSSLESS_BACKENDS = ("stock", "onednn")
 
 
 def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", keep: bool = False) -> str:
@@ -38,8 +37,7 @@ def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", kee
 
         kernels = choose(model, model_name)
     restore_linears(model, forget=not keep)
-    if model.config._attn_implementation in (rowwise_attention.NAME, gqa_attention.NAME):
-        int8.set_attention(model, model.__dict__.pop("_selfspec_attn_before", "sdpa"))
+    restore_attention(model)
     if kernels == "onednn":
         onednn.apply(model, keep)
     elif kernels == "int8":
@@ -47,4 +45,4 @@ def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", kee
     return kernels
 
 
-__all__ = ["KERNELS", "LOSSLESS_BACKENDS", "apply_kernels", "current_backend", "release_originals", "restore_linears"]
+__all__ = ["KERNELS", "apply_kernels", "current_backend", "release_originals", "restore_linears"]

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import SelfspecError
 from . import rowwise_attention
-from .swap import SwappedLinear, flatten, linear_layers, swap_linears
+from .swap import SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
 QMAX = 127.0
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -72,11 +72,11 @@ class Int8Matmul:
         self.weight_scale = scale.reshape(-1)  # [N] fp32
         self.bias = None if bias is None else bias.detach().float()
         self.use_onednn = weight.device.type == "cpu" and _onednn_int8()
-        self.weight_t = q.t()  # [K, N] view of a row-major [N, K] int8 matrix (torch._int_mm)
         if self.use_onednn:
             self.packed = torch.ops.onednn.qlinear_prepack(q, None)
             self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-            self.weight_t = None
+        else:
+            self.weight_t = q.t()  # [K, N] view of a row-major [N, K] int8 matrix (torch._int_mm)
 
     def __call__(self, x2: torch.Tensor) -> torch.Tensor:
         """``x2[M, K]`` float -> ``[M, N]`` fp32."""
@@ -121,7 +121,8 @@ class Int8Group:
 
     def __init__(self, layers: list[nn.Linear]) -> None:
         weight = torch.cat([layer.weight.detach() for layer in layers])
-        biases = [layer.bias.detach() if layer.bias is not None else torch.zeros(layer.out_features)
+        biases = [layer.bias.detach() if layer.bias is not None
+                  else torch.zeros(layer.out_features, dtype=layer.weight.dtype, device=layer.weight.device)
                   for layer in layers]
         has_bias = any(layer.bias is not None for layer in layers)
         self.matmul = Int8Matmul(weight, torch.cat(biases) if has_bias else None)
@@ -157,10 +158,6 @@ class Int8GroupMember(SwappedLinear):
         return self.group.output(x, self.index)
 
 
-def _original(layer: nn.Module) -> nn.Linear:
-    return layer.original if isinstance(layer, SwappedLinear) else layer
-
-
 def apply(model: nn.Module, keep: bool = False) -> None:
     """Swap every linear layer of ``model`` (the LM head too) for int8: sibling groups for
     ``q/k/v_proj`` and ``gate/up_proj``, :class:`Int8Linear` for the rest."""
@@ -174,7 +171,7 @@ def apply(model: nn.Module, keep: bool = False) -> None:
             layers = [getattr(parent, n, None) for n in names]
             if not all(isinstance(x, (nn.Linear, SwappedLinear)) for x in layers):
                 continue
-            originals = [_original(x) for x in layers]
+            originals = [original_of(x) for x in layers]
             if len({o.in_features for o in originals}) != 1:
                 continue
             kept = originals[0].__dict__.get("_selfspec_kept", {})
@@ -190,11 +187,4 @@ def apply(model: nn.Module, keep: bool = False) -> None:
     rest = [child for _, _, child in linear_layers(model) if id(child) not in grouped]
     if rest:
         swap_linears(model, Int8Linear, keep, only={id(c) for c in rest})
-    model.__dict__.setdefault("_selfspec_attn_before", model.config._attn_implementation)
-    set_attention(model, rowwise_attention.NAME)
-
-
-def set_attention(model: nn.Module, name: str) -> None:
-    """Switch the model's attention function (``sdpa`` back when leaving the int8 backend)."""
-    if model.config._attn_implementation != name:
-        model.set_attn_implementation(name)
+    use_attention(model, rowwise_attention.NAME)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import SelfspecError
-from .swap import SwappedLinear, flatten
+from .swap import SwappedLinear, flatten, swap_linears, use_attention
 
 
 def available(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -48,8 +48,6 @@ class OneDNNLinear(SwappedLinear):
 
 def apply(model: nn.Module, keep: bool = False) -> None:
     """Swap every linear layer of ``model`` for :class:`OneDNNLinear`."""
-    from .swap import swap_linears
-
     p = next(model.parameters())
     reason = available(p.device, p.dtype)
     if reason:
@@ -58,5 +56,4 @@ def apply(model: nn.Module, keep: bool = False) -> None:
     if model.config._attn_implementation == "sdpa":
         from .gqa_attention import NAME
 
-        model.__dict__.setdefault("_selfspec_attn_before", "sdpa")
-        model.set_attn_implementation(NAME)
+        use_attention(model, NAME)

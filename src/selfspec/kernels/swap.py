@@ -31,6 +31,11 @@ class SwappedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, backend={self.backend}"
 
 
+def original_of(layer: nn.Module) -> nn.Module:
+    """The ``nn.Linear`` behind a swapped layer (the layer itself if it is not swapped)."""
+    return layer.original if isinstance(layer, SwappedLinear) else layer
+
+
 def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """Every ``(parent, attribute name, layer)`` whose layer is an ``nn.Linear`` or a swapped one."""
     found = []
@@ -53,7 +58,7 @@ def swap_linears(model: nn.Module, make: Callable[[nn.Linear], SwappedLinear], k
     for parent, name, child in linear_layers(model):
         if only is not None and id(child) not in only:
             continue
-        original = child.original if isinstance(child, SwappedLinear) else child
+        original = original_of(child)
         kept: dict = original.__dict__.setdefault("_selfspec_kept", {})
         layer = kept.get(make)
         if layer is None:
@@ -71,11 +76,26 @@ def restore_linears(model: nn.Module, forget: bool = False) -> None:
     ``forget`` also drops replacements kept with ``swap_linears(..., keep=True)``.
     """
     for parent, name, child in linear_layers(model):
-        original = child.original if isinstance(child, SwappedLinear) else child
+        original = original_of(child)
         if forget:
             original.__dict__.pop("_selfspec_kept", None)
         if child is not original:
             setattr(parent, name, original)
+
+
+def use_attention(model: nn.Module, name: str) -> None:
+    """Switch the model's attention function to ``name`` (a backend's own), remembering the
+    one it had so :func:`restore_attention` can put it back."""
+    model.__dict__.setdefault("_selfspec_attn_before", model.config._attn_implementation)
+    if model.config._attn_implementation != name:
+        model.set_attn_implementation(name)
+
+
+def restore_attention(model: nn.Module) -> None:
+    """Undo :func:`use_attention` (no-op if no backend switched it)."""
+    before = model.__dict__.pop("_selfspec_attn_before", None)
+    if before is not None and model.config._attn_implementation != before:
+        model.set_attn_implementation(before)
 
 
 def current_backend(model: nn.Module) -> str:
