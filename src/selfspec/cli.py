@@ -53,6 +53,11 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
     if method:
         p.add_argument("--method", default="pld", help=f"decoding method: {_method_names()} (default pld)")
     p.add_argument("--draft-model", default=None, help="draft for --method draft-model (same tokenizer)")
+    p.add_argument("--skip-config", default=None,
+                   help="self-spec: skip config JSON (default: the tuned one for --model, see selfspec tune)")
+    p.add_argument("--draft-exit", default=None, choices=["cost", "gamma"],
+                   help="self-spec: stop drafting by the measured cost budget (default) or the paper's "
+                        "adaptive confidence threshold gamma")
     p.add_argument("--k", type=int, default=None, help="draft length (fixed unless --auto-k is kept on)")
     p.add_argument("--fixed-k", action="store_true", help="use --k as a fixed draft length instead of the cost profile")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
@@ -83,7 +88,14 @@ def method_options(args: argparse.Namespace, method: str, strict: bool = True) -
         if method != "draft-model":
             raise SelfspecError(f"--draft-model is only used by --method draft-model, not {method}")
         opts["draft_model"] = args.draft_model or ""
-    if method in ("pld", "draft-model"):
+    if method == "self-spec":
+        if args.skip_config:
+            opts["skip_config"] = args.skip_config
+        if args.draft_exit:
+            opts["draft_exit"] = args.draft_exit
+    elif (getattr(args, "skip_config", None) or getattr(args, "draft_exit", None)) and strict:
+        raise SelfspecError(f"--skip-config/--draft-exit are only used by --method self-spec, not {method}")
+    if method in ("pld", "draft-model", "self-spec"):
         if args.k is not None:
             opts["k"] = args.k
         if args.fixed_k:

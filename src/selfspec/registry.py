@@ -11,6 +11,9 @@ from .drafters.base import Drafter, NullDrafter
 from .drafters.budget import ChainBudget
 from .drafters.draft_model import DraftModelConfig, DraftModelDrafter, check_same_tokenizer
 from .drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter
+from .drafters.self_spec import DRAFT_EXITS, SelfSpecConfig, SelfSpecDrafter
+from .drafters.skip_config import GammaSettings, find
+from .models.skipping import SkipSet, decoder_layers
 from .errors import SelfspecError
 from .models.loading import LoadedModel, load_model
 
@@ -68,11 +71,46 @@ def _build_draft_model(target: LoadedModel, cfg: DraftModelConfig, ctx: BuildCon
                              cfg.min_confidence if cfg.auto_k else 0.0)
 
 
+def resolve_skip(target: LoadedModel, cfg: SelfSpecConfig) -> tuple[SkipSet, GammaSettings, str]:
+    """The skip set and gamma settings of ``self-spec``: explicit sets, else a skip config."""
+    num_layers = len(decoder_layers(target.model))
+    if cfg.skip_attention is not None or cfg.skip_mlp is not None:
+        skip, gamma, source = SkipSet.of(cfg.skip_attention or (), cfg.skip_mlp or ()), GammaSettings(), "explicit"
+    else:
+        found = find(target.name, target.model, cfg.skip_config)
+        if found is None:
+            raise SelfspecError(
+                f"no skip config for model '{target.name}': tune one with `selfspec tune {target.name} --method "
+                "self-spec`, or pass --skip-config PATH (API: skip_attention=..., skip_mlp=...)")
+        sc, source = found
+        skip, gamma = sc.skip, sc.gamma
+    skip.check(num_layers)
+    over = {k: v for k, v in (("gamma0", cfg.gamma0), ("alpha", cfg.alpha)) if v is not None}
+    if cfg.k is not None:
+        over["max_draft"] = cfg.k
+    return skip, dataclasses.replace(gamma, **over), source
+
+
+def _build_self_spec(target: LoadedModel, cfg: SelfSpecConfig, ctx: BuildContext) -> Drafter:
+    if cfg.draft_exit not in DRAFT_EXITS:
+        raise SelfspecError(f"self-spec draft_exit must be one of {', '.join(DRAFT_EXITS)}, not {cfg.draft_exit!r}")
+    if cfg.k is not None and cfg.k < 1:
+        raise SelfspecError("self-spec needs k >= 1")
+    if not 0.0 <= cfg.min_confidence < 1.0:
+        raise SelfspecError("self-spec needs 0 <= min_confidence < 1")
+    skip, gamma, source = resolve_skip(target, cfg)
+    budget = _budget(target, cfg.auto_k, gamma.max_draft)
+    return SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
+                           source)
+
+
 METHODS: dict[str, MethodSpec] = {
     "ar": MethodSpec(NoOptions, _build_ar, True, "plain autoregressive decoding on the same loop (the baseline)"),
     "pld": MethodSpec(PromptLookupConfig, _build_pld, True, "prompt lookup: drafts copied from earlier text"),
     "draft-model": MethodSpec(DraftModelConfig, _build_draft_model, True,
                               "a smaller model with the same tokenizer drafts (--draft-model)"),
+    "self-spec": MethodSpec(SelfSpecConfig, _build_self_spec, True,
+                            "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)"),
 }
 
 

@@ -24,7 +24,9 @@ from .report import summarize, write_report
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--methods", default="ar,pld", help="comma-separated methods; ar is always included")
+    p.add_argument("--methods", default="ar,pld",
+                   help="comma-separated methods; ar is always included. A method may carry options after colons, "
+                        "to compare variants in one run: self-spec:draft_exit=gamma, pld:k=4:auto_k=false")
     p.add_argument("--peers", default="", help=f"comma-separated peers: {', '.join(PEERS)}")
     p.add_argument("--dataset", default="builtin", help="builtin, mt-bench, humaneval or a .jsonl file")
     p.add_argument("--limit", type=int, default=None, help="first N prompts (questions) only")
@@ -52,6 +54,30 @@ def environment() -> dict:
         sha = ""
     return {"machine": machine_id(), "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": sha}
+
+
+def _option_value(text: str) -> object:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_method(entry: str) -> tuple[str, dict]:
+    """``"self-spec:draft_exit=gamma:k=8"`` -> ``("self-spec", {"draft_exit": "gamma", "k": 8})``."""
+    method, *parts = entry.split(":")
+    opts = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or not key:
+            raise SelfspecError(f"bad method entry '{entry}': options are written METHOD:key=value")
+        opts[key.strip()] = _option_value(value.strip())
+    return method.strip(), opts
 
 
 def entry_name(method: str, backend: str) -> str:
@@ -112,6 +138,12 @@ def run_cli(args: argparse.Namespace) -> int:
     gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                top_k=args.top_k, seed=args.seed)
     GenerationConfig(**gen)  # validate before loading anything
+    from ..registry import method_config
+
+    for m in methods:
+        base_method, extra = parse_method(m)
+        method_config(base_method, {**({} if base_method == "ar" else method_options(args, base_method, False)),
+                                    **extra})
     prompts = load_dataset(args.dataset, args.limit, args.turns)
 
     out = Path(args.out)
@@ -144,9 +176,10 @@ def run_cli(args: argparse.Namespace) -> int:
         b = target.use_kernels(b, keep=True)  # resolves auto
         backends[i] = b
         for j, m in enumerate(methods):
-            opts = {} if m == "ar" else method_options(args, m, strict=False)
+            base_method, extra = parse_method(m)
+            opts = {} if base_method == "ar" else method_options(args, base_method, strict=False)
             name = entry_name(m, b)
-            generators[name] = load(model=target, method=m, self_test=j == 0, **opts)
+            generators[name] = load(model=target, method=base_method, self_test=j == 0, **{**opts, **extra})
             backend_of[name] = b
     backends = list(dict.fromkeys(backends))
     target.use_kernels("stock", keep=True)

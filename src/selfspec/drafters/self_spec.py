@@ -1,0 +1,205 @@
+"""``self-spec``: Draft & Verify self-speculative decoding (layer skipping).
+
+The draft is the target itself with some attention and MLP sub-layers skipped
+(:mod:`selfspec.models.skipping`); no extra weights, no training. Each step:
+
+1. Draft one token at a time from the pending token with the skipped model, on top of the
+   committed cache. Non-skipped attention layers write their draft KV into the cache rows after
+   the committed prefix (a pointer move in the preallocated cache); skipped layers write nothing.
+   After drafting every layer is truncated back to the committed length, so the committed cache
+   is never disturbed and verification recomputes all rows with the full model.
+2. Stop drafting by one of two rules (``draft_exit``):
+   - ``gamma``: the paper's adaptive draft exit: keep the token, then stop when its confidence
+     is below gamma; gamma follows the acceptance rate (:class:`GammaExit`); at most K drafts.
+   - ``cost``: the cost-aware budget of :mod:`selfspec.drafters.budget`: draft length from the
+     measured verify cost profile, the measured draft cost and the acceptance seen so far; stop
+     when the product of confidences falls below ``min_confidence``; verify the best prefix.
+   With ``auto_k`` both back off to plain decoding (no draft, occasional probes) when the
+   measured acceptance and costs say drafting does not pay.
+3. Verification is the ordinary full-model verify of the decode loop: greedy ids are those of
+   ``ar``; sampled drafts carry the draft's warped q rows, so the chain rule is lossless.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..core import kv_cache
+from ..core.acceptance import Verdict
+from ..core.sampling import sample
+from ..core.tree import DraftTree
+from ..decoding.state import DecodeState, VerifyOutput
+from ..models.adapter import build_mask
+from ..models.skipping import SkipSet, skip_sublayers
+from .base import Proposal
+from .budget import ChainBudget
+from .skip_config import GammaSettings
+
+DRAFT_EXITS = ("cost", "gamma")
+
+
+@dataclass(frozen=True)
+class SelfSpecConfig:
+    """Options of ``self-spec``.
+
+    Attributes:
+        skip_config: path of a skip config JSON; empty = the tuned config for the model (the
+            user's from ``selfspec tune``, else the one shipped with selfspec).
+        skip_attention: explicit attention sub-layers to skip (overrides any skip config).
+        skip_mlp: explicit MLP sub-layers to skip (used with ``skip_attention``).
+        draft_exit: ``cost`` (measured cost-aware budget) or ``gamma`` (the paper's adaptive exit).
+        k: longest draft (the paper's K); None = the skip config's ``max_draft`` (12).
+        auto_k: back off to plain decoding when drafting does not pay (cost profile); with
+            ``draft_exit="cost"`` also size each draft from it. Off: always draft up to k
+            (with ``cost``: exactly k).
+        min_confidence: ``cost`` exit: stop when the product of draft confidences falls below it.
+        gamma0, alpha: override the skip config's gamma settings.
+    """
+
+    skip_config: str = ""
+    skip_attention: tuple[int, ...] | None = None
+    skip_mlp: tuple[int, ...] | None = None
+    draft_exit: str = "cost"
+    k: int | None = None
+    auto_k: bool = True
+    min_confidence: float = 0.3
+    gamma0: float | None = None
+    alpha: float | None = None
+
+
+class GammaExit:
+    """The paper's adaptive draft exit (Draft & Verify Eq. 2-4).
+
+    After each verification with ``a`` of ``d`` drafts accepted: ``AR_e = a / d``;
+    ``AR <- beta1 * AR + (1 - beta1) * AR_e`` (``AR = AR_e`` at the first cycle of a prompt);
+    ``gamma~ = gamma + eps`` if ``AR <= alpha`` else ``gamma - eps``;
+    ``gamma <- beta2 * gamma + (1 - beta2) * gamma~``. Gamma is carried across prompts and AR is
+    reset at each prompt, as in the paper's evaluation code.
+    """
+
+    def __init__(self, settings: GammaSettings) -> None:
+        self.s = settings
+        self.gamma = settings.gamma0
+        self.ar: float | None = None
+
+    def new_prompt(self) -> None:
+        self.ar = None
+
+    def stop(self, confidence: float) -> bool:
+        """After keeping a draft of this confidence: stop drafting?"""
+        return confidence < self.gamma
+
+    def update(self, accepted: int, drafted: int) -> None:
+        if drafted <= 0:
+            return
+        ar_e = accepted / drafted
+        self.ar = ar_e if self.ar is None else self.s.beta1 * self.ar + (1 - self.s.beta1) * ar_e
+        target = self.gamma + self.s.epsilon if self.ar <= self.s.alpha else self.gamma - self.s.epsilon
+        self.gamma = self.s.beta2 * self.gamma + (1 - self.s.beta2) * target
+
+
+class SelfSpecDrafter:
+    name = "self-spec"
+    lossless = True
+    needs_hidden = False
+
+    def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
+                 gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
+                 source: str = "explicit") -> None:
+        """
+        Args:
+            model: the target (a stock HF causal LM); the draft is this model with ``skip``.
+            skip: the sub-layers the draft skips.
+            budget: cost-aware chain budget (its ``k`` is the longest draft).
+            draft_exit: ``cost`` or ``gamma`` (see the module docstring).
+            gamma: settings of the ``gamma`` exit.
+            auto_k: let the budget back off to no drafting (and, with ``cost``, size drafts).
+            min_confidence: ``cost`` exit threshold on the product of confidences.
+            source: where the skip set came from (a skip config path or ``explicit``).
+        """
+        self.model = model
+        self.skip = skip
+        self.source = source
+        self.budget = budget
+        self.draft_exit = draft_exit
+        self.gamma = GammaExit(gamma or GammaSettings())
+        self.auto_k = auto_k
+        self.min_confidence = min_confidence if auto_k else 0.0
+        self.device = next(model.parameters()).device
+        self._drafted = 0
+        self._last_draft_s = 0.0
+
+    def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
+        self.gamma.new_prompt()
+
+    def _max_draft(self, room: int) -> int:
+        if not self.auto_k:
+            return min(self.budget.k, room)
+        k = self.budget.choose(room)
+        if self.draft_exit == "gamma" and k > 0:  # the budget only decides whether to draft at all
+            return min(self.budget.k, room)
+        return k
+
+    def _forward(self, cache, token: int, position: int) -> torch.Tensor:
+        """One draft token at ``position``; non-skipped layers hold ``position`` rows before it.
+        Returns its logits ``[V]``. The mask is explicit because cache layers differ in length
+        while drafting (HF would read the length of layer 0, which may be skipped)."""
+        impl = self.model.config._attn_implementation
+        mask = build_mask(position, torch.ones(1, 1, dtype=torch.bool), impl, self.model.dtype, self.device)
+        out = self.model(input_ids=torch.tensor([[token]], device=self.device),
+                         position_ids=torch.tensor([[position]], device=self.device), attention_mask=mask,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    def propose(self, state: DecodeState) -> Proposal:
+        k = self._max_draft(state.draft_room)
+        if k == 0:
+            return Proposal(DraftTree.chain([state.pending]))
+        t0 = time.perf_counter()
+        base = kv_cache.cache_length(state.cache)
+        greedy = state.warper.greedy
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        confidences: list[float] = []
+        p_all, x = 1.0, state.pending
+        try:
+            with skip_sublayers(self.model, self.skip):
+                for i in range(k):
+                    logits = self._forward(state.cache, x, base + i)
+                    probs = logits.softmax(-1)
+                    if greedy:
+                        x = int(probs.argmax())
+                        conf = float(probs[x])
+                    else:
+                        q = state.warper.probs(logits)
+                        x = sample(q, state.generator)
+                        qs.append(q)
+                        conf = float(probs[x]) if self.draft_exit == "gamma" else float(q[x])
+                    tokens.append(x)
+                    confidences.append(conf)
+                    p_all *= conf
+                    if self.draft_exit == "gamma" and self.gamma.stop(conf):
+                        break
+                    if self.draft_exit == "cost" and p_all < self.min_confidence:
+                        break
+        finally:
+            kv_cache.truncate(state.cache, base)  # draft KV never reaches the committed cache
+        self._drafted = len(tokens)
+        if self.draft_exit == "cost" and self.auto_k:
+            keep = self.budget.best_prefix(confidences)
+            tokens, qs = tokens[:keep], qs[:keep]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._last_draft_s = time.perf_counter() - t0
+        probs_rows = torch.stack([torch.zeros_like(qs[0]), *qs]) if qs and tokens else None
+        return Proposal(DraftTree.chain([state.pending, *tokens], probs_rows))
+
+    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
+        verified = proposal.tree.size - 1
+        if self._drafted:
+            self.budget.update(verified, verdict.num_accepted, self._last_draft_s, self._drafted)
+            self.gamma.update(verdict.num_accepted, verified)
+        self._drafted = 0

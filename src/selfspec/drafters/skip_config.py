@@ -1,0 +1,150 @@
+"""Skip configs: the tuned draft of ``self-spec`` for one model, as a JSON file.
+
+Written by ``selfspec tune MODEL --method self-spec``; found by ``selfspec.load(...,
+method="self-spec")`` in this order: an explicit ``skip_config`` path, the user's tuned configs
+(``$SELFSPEC_HOME/skip_configs/<model>.json``), the configs shipped in the package
+(``selfspec/data/skip_configs/<model>.json``). A config for another model (other name or other
+architecture hash) is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..errors import SelfspecError
+from ..models.bundled import selfspec_home
+from ..models.skipping import SkipSet
+
+FORMAT = "selfspec-skip-config/1"
+ARCH_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+             "num_key_value_heads", "vocab_size")
+
+
+@dataclass(frozen=True)
+class GammaSettings:
+    """Adaptive draft-exit constants of the paper (Draft & Verify, Table 6 and Eq. 2-4).
+
+    Attributes:
+        gamma0: initial confidence threshold gamma.
+        alpha: target acceptance rate; gamma rises while the smoothed acceptance is at or below it.
+        epsilon: step of the gamma update.
+        beta1: smoothing of the acceptance rate AR.
+        beta2: smoothing of gamma.
+        max_draft: K, the longest draft.
+    """
+
+    gamma0: float = 0.6
+    alpha: float = 0.85
+    epsilon: float = 0.01
+    beta1: float = 0.5
+    beta2: float = 0.9
+    max_draft: int = 12
+
+
+@dataclass(frozen=True)
+class SkipConfig:
+    """A tuned skip set with what it was tuned on."""
+
+    model: str
+    config_hash: str
+    num_layers: int
+    skip_attention: tuple[int, ...]
+    skip_mlp: tuple[int, ...]
+    gamma: GammaSettings = field(default_factory=GammaSettings)
+    search: dict = field(default_factory=dict)  # objective, score, trials, backend, machine, ...
+
+    @property
+    def skip(self) -> SkipSet:
+        return SkipSet.of(self.skip_attention, self.skip_mlp)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["skip_attention"], d["skip_mlp"] = list(self.skip_attention), list(self.skip_mlp)
+        return {"format": FORMAT, **d}
+
+    @classmethod
+    def from_json(cls, d: dict, source: str = "skip config") -> SkipConfig:
+        try:
+            if d.get("format") != FORMAT:
+                raise ValueError(f"format is {d.get('format')!r}, expected {FORMAT!r}")
+            return cls(model=str(d["model"]), config_hash=str(d["config_hash"]), num_layers=int(d["num_layers"]),
+                       skip_attention=tuple(int(i) for i in d["skip_attention"]),
+                       skip_mlp=tuple(int(i) for i in d["skip_mlp"]),
+                       gamma=GammaSettings(**d.get("gamma", {})), search=dict(d.get("search", {})))
+        except (KeyError, TypeError, ValueError) as e:
+            raise SelfspecError(f"{source} is not a valid skip config ({e}); "
+                                f"write one with: selfspec tune MODEL --method self-spec") from e
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp.replace(path)
+        return path
+
+
+def model_key(name: str) -> str:
+    """The file-name stem for a model name, path or hub id (its last path component)."""
+    return Path(str(name).rstrip("/")).name.removesuffix(".gguf")
+
+
+def config_hash(model: torch.nn.Module) -> str:
+    """Hash of the architecture fields that a skip set depends on (12 hex digits)."""
+    cfg = model.config.to_dict()
+    text = json.dumps({k: cfg.get(k) for k in ARCH_KEYS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def user_config_path(name: str) -> Path:
+    return selfspec_home() / "skip_configs" / f"{model_key(name)}.json"
+
+
+def shipped_config_path(name: str) -> Path | None:
+    p = resources.files("selfspec") / "data" / "skip_configs" / f"{model_key(name)}.json"
+    return Path(str(p)) if p.is_file() else None
+
+
+def read(path: str | Path) -> SkipConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise SelfspecError(f"skip config {p} does not exist; write one with: selfspec tune MODEL --method self-spec")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SelfspecError(f"skip config {p} is not readable JSON ({e})") from e
+    return SkipConfig.from_json(data, str(p))
+
+
+def check_matches(cfg: SkipConfig, name: str, model: torch.nn.Module, source: str) -> None:
+    """Refuse a config tuned for another model."""
+    h = config_hash(model)
+    if model_key(cfg.model) != model_key(name) or cfg.config_hash != h:
+        raise SelfspecError(
+            f"skip config {source} was tuned for model '{cfg.model}' (architecture {cfg.config_hash}), not "
+            f"'{model_key(name)}' (architecture {h}); tune one with: selfspec tune {name} --method self-spec"
+        )
+
+
+def find(name: str, model: torch.nn.Module, path: str = "") -> tuple[SkipConfig, str] | None:
+    """The skip config for a model: ``path`` if given, else the user's, else the shipped one.
+
+    Returns:
+        ``(config, source)`` or None when there is none.
+    """
+    if path:
+        cfg = read(path)
+        check_matches(cfg, name, model, path)
+        return cfg, str(path)
+    for p in (user_config_path(name), shipped_config_path(name)):
+        if p is not None and p.is_file():
+            cfg = read(p)
+            check_matches(cfg, name, model, str(p))
+            return cfg, str(p)
+    return None
