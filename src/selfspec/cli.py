@@ -258,6 +258,34 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Search the method's configuration on calibration prompts and write it where load finds it."""
+    from .models.loading import load_model
+    from .tune import TuneOptions, tune_self_spec
+
+    if args.method != "self-spec":
+        raise SelfspecError(f"selfspec tune supports --method self-spec only, not {args.method!r}")
+    opts = TuneOptions(objective=args.objective, trials=args.trials, time_budget=args.time_budget,
+                       prompts=args.prompts or "", category=args.calib_category or "", num_prompts=args.calib_prompts,
+                       new_tokens=args.calib_tokens, draft_exit=args.draft_exit, rerank=args.rerank, seed=args.seed,
+                       state_dir=args.state or "", fresh=args.fresh, out=args.out or "")
+    opts.check()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code, kernels=args.kernels)
+    cfg, path = tune_self_spec(target, opts)
+    s = cfg.search
+    what = (f"measured {s.get('tokens_per_s', 0):.1f} tok/s, {s.get('speedup', 0):.2f}x ar" if args.objective == "speed"
+            else f"predicted {s['score']:.2f}x ar, top-1 agreement {s['top1_agreement']:.2f}"
+            + (f", measured {s['measured_speedup']:.2f}x" if "measured_speedup" in s else ""))
+    print(f"skip {len(cfg.skip_attention)} attention + {len(cfg.skip_mlp)} MLP of {2 * cfg.num_layers} sub-layers "
+          f"(attention {list(cfg.skip_attention)}, MLP {list(cfg.skip_mlp)}); {what}; {s['trials']} trials")
+    print(f"skip config: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="selfspec", description="Lossless speculative decoding on Hugging Face models.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -291,6 +319,35 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--reps", type=int, default=5, help="rounds; medians are reported (default 5)")
     pr.add_argument("--remeasure", action="store_true", help="measure again even if a profile is cached")
     pr.set_defaults(func=cmd_profile)
+
+    t = sub.add_parser("tune", help="search a method's configuration (self-spec: which sub-layers the draft skips)")
+    t.add_argument("model", help="bundled name, local HF directory, .gguf file or hub id")
+    t.add_argument("--method", default="self-spec", help="method to tune (self-spec)")
+    t.add_argument("--objective", default="speed", choices=["speed", "proxy"],
+                   help="speed: measured decode tokens/s (default, the paper's); proxy: teacher-forced agreement "
+                        "with a measured cost model (cheaper, deterministic)")
+    t.add_argument("--trials", type=int, default=60, help="trials to complete, earlier runs included (default 60)")
+    t.add_argument("--time-budget", type=float, default=None, help="stop starting trials after this many seconds")
+    t.add_argument("--prompts", default=None, help="calibration JSONL (default: the built-in calibration set; "
+                                                   "never use evaluation prompts)")
+    t.add_argument("--calib-category", default=None, help="only calibration prompts of this category (code, chat)")
+    t.add_argument("--calib-prompts", type=int, default=4, help="calibration prompts used (default 4)")
+    t.add_argument("--calib-tokens", type=int, default=32, help="tokens per calibration prompt (default 32)")
+    t.add_argument("--draft-exit", default="cost", choices=["cost", "gamma"], help="exit rule to tune for")
+    t.add_argument("--rerank", type=int, default=0,
+                   help="proxy: measure the speed of the best N proxy trials and keep the fastest")
+    t.add_argument("--seed", type=int, default=0, help="sampler seed")
+    t.add_argument("--state", default=None, help="search state directory (resumed when it exists)")
+    t.add_argument("--fresh", action="store_true", help="start over instead of resuming the search state")
+    t.add_argument("--out", default=None,
+                   help="skip config path (default: $SELFSPEC_HOME/skip_configs/MODEL.json, used automatically)")
+    t.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
+    t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    t.add_argument("--kernels", default="stock", type=_kernels_arg(False),
+                   help="tune on this linear-layer backend (use the one you will decode with)")
+    t.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.set_defaults(func=cmd_tune)
 
     b = sub.add_parser("bench", help="measure methods and peers against ar on a prompt set")
     from .bench.runner import add_bench_args

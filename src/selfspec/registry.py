@@ -13,9 +13,9 @@ from .drafters.draft_model import DraftModelConfig, DraftModelDrafter, check_sam
 from .drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter
 from .drafters.self_spec import DRAFT_EXITS, SelfSpecConfig, SelfSpecDrafter
 from .drafters.skip_config import GammaSettings, find
-from .models.skipping import SkipSet, decoder_layers
 from .errors import SelfspecError
 from .models.loading import LoadedModel, load_model
+from .models.skipping import SkipSet, decoder_layers
 
 
 @dataclass(frozen=True)

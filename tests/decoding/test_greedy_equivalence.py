@@ -121,3 +121,31 @@ def test_auto_k_budget_stays_lossless(target, references, method, tiny_draft_dir
     assert g.drafter.budget.profile is not None
     for p, ref in zip(PROMPTS, references):
         assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref
+
+
+SKIP_SETS = {  # (attention, mlp) on 3-layer models
+    "none": ((), ()),  # the draft is the target: every draft accepted
+    "random": ((0, 2), (1,)),
+    "all": ((0, 1, 2), (0, 1, 2)),  # the draft is embedding + LM head: (almost) nothing accepted
+}
+
+
+@pytest.mark.parametrize("exit_rule", ["cost", "gamma"])
+@pytest.mark.parametrize("skip", list(SKIP_SETS))
+def test_self_spec_matches_generate(target, references, skip, exit_rule):
+    attn, mlp = SKIP_SETS[skip]
+    g = selfspec.load(target, "self-spec", skip_attention=attn, skip_mlp=mlp, draft_exit=exit_rule, k=K,
+                      auto_k=False, self_test=False)
+    g.drafter = InvariantChecker(g.drafter)
+    for p, ref in zip(PROMPTS, references):
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        if skip == "none" and exit_rule == "cost":  # fixed k, no exit: all K drafts verified and accepted
+            assert r.acceptance_by_depth == [1.0] * K
+
+
+def test_self_spec_with_cost_budget_matches_generate(target, references):
+    g = selfspec.load(target, "self-spec", skip_attention=(1,), skip_mlp=(2,), self_test=False)
+    assert g.drafter.budget.profile is not None
+    for p, ref in zip(PROMPTS, references):
+        assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref

@@ -26,8 +26,9 @@ def test_low_acceptance_stops_drafting_but_probes():
     for _ in range(20):
         b.update(proposed=2, accepted=0)
     assert b.alpha < 0.1
-    picks = [b.choose(room=10) for _ in range(8)]
-    assert picks.count(0) == 6 and picks.count(1) == 2
+    picks = [b.choose(room=10) for _ in range(28)]
+    # probes after 4, then 8, then 16 more steps: the interval doubles while drafting does not pay
+    assert [i for i, k in enumerate(picks) if k] == [3, 11, 27] and set(picks) == {0, 1}
 
 
 def test_expensive_draft_shortens_chain():

@@ -20,15 +20,20 @@ class ChainBudget:
         prior_alpha: acceptance assumed before anything was observed.
         decay: weight of old observations per step (exponential forgetting).
         probe_every: draft at least one token every this many steps even when k = 0 looks best,
-            so the acceptance estimate can recover.
+            so the acceptance estimate can recover; the interval doubles after each probe that
+            leaves drafting unprofitable (up to ``max_probe_every``) and resets once it pays, so
+            a draft that never pays costs ever less.
+        max_probe_every: the longest probe interval.
     """
 
     def __init__(self, profile: CostProfile | None, k: int, prior_alpha: float = 0.6,
-                 decay: float = 0.95, probe_every: int = 8) -> None:
+                 decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 64) -> None:
         self.profile = profile
         self.k = k
         self.decay = decay
         self.probe_every = probe_every
+        self.max_probe_every = max_probe_every
+        self._interval = probe_every
         # pseudo-counts of accepted drafts and rejections (a geometric model's sufficient stats)
         self.accepted = 2.0 * prior_alpha
         self.rejected = 2.0 * (1.0 - prior_alpha)
@@ -49,11 +54,13 @@ class ChainBudget:
                  for k in range(1, min(self.k, room) + 1)}
         best_k = max(gains, key=gains.get) if gains else 0
         if best_k and gains[best_k] > 1.0:
+            self._interval = self.probe_every
             return best_k
         if best_k:  # drafting does not pay at this acceptance: probe now and then, at the best length
             self._since_probe += 1
-            if self._since_probe >= self.probe_every:
+            if self._since_probe >= self._interval:
                 self._since_probe = 0
+                self._interval = min(2 * self._interval, self.max_probe_every)
                 return best_k
         return 0
 

@@ -70,6 +70,27 @@ class SelfSpecConfig:
     alpha: float | None = None
 
 
+def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: int,
+                  last_only: bool = True) -> torch.Tensor:
+    """Feed ``tokens`` (causally) at positions ``position, position + 1, ...`` after the cache,
+    whose non-skipped layers hold ``position`` rows. Call inside :func:`skip_sublayers`.
+
+    The mask is explicit because cache layers differ in length while drafting (HF would read
+    the length of layer 0, which may be skipped).
+
+    Returns:
+        logits ``[1, V]`` of the last token (``last_only``) or ``[T, V]`` of every token, float.
+    """
+    device = next(model.parameters()).device
+    t = len(tokens)
+    block = torch.ones(t, t, dtype=torch.bool).tril()
+    mask = build_mask(position, block, model.config._attn_implementation, model.dtype, device)
+    out = model(input_ids=torch.tensor([tokens], device=device),
+                position_ids=torch.arange(position, position + t, device=device)[None], attention_mask=mask,
+                past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+    return out.logits[0].float()
+
+
 class GammaExit:
     """The paper's adaptive draft exit (Draft & Verify Eq. 2-4).
 
@@ -143,17 +164,6 @@ class SelfSpecDrafter:
             return min(self.budget.k, room)
         return k
 
-    def _forward(self, cache, token: int, position: int) -> torch.Tensor:
-        """One draft token at ``position``; non-skipped layers hold ``position`` rows before it.
-        Returns its logits ``[V]``. The mask is explicit because cache layers differ in length
-        while drafting (HF would read the length of layer 0, which may be skipped)."""
-        impl = self.model.config._attn_implementation
-        mask = build_mask(position, torch.ones(1, 1, dtype=torch.bool), impl, self.model.dtype, self.device)
-        out = self.model(input_ids=torch.tensor([[token]], device=self.device),
-                         position_ids=torch.tensor([[position]], device=self.device), attention_mask=mask,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float()
-
     def propose(self, state: DecodeState) -> Proposal:
         k = self._max_draft(state.draft_room)
         if k == 0:
@@ -168,7 +178,7 @@ class SelfSpecDrafter:
         try:
             with skip_sublayers(self.model, self.skip):
                 for i in range(k):
-                    logits = self._forward(state.cache, x, base + i)
+                    logits = draft_forward(self.model, state.cache, [x], base + i)[-1]
                     probs = logits.softmax(-1)
                     if greedy:
                         x = int(probs.argmax())

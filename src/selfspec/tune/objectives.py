@@ -1,0 +1,231 @@
+"""Objectives of ``selfspec tune --method self-spec``: how good is a skip set?
+
+- :class:`SpeedObjective` (the paper's): decode the calibration prompts with ``self-spec`` and
+  that skip set, and measure tokens per second of decoding (prefill excluded: it is always the
+  full model). Noisy on a shared machine, slow, and exactly what users get.
+- :class:`ProxyObjective` (cheaper, deterministic): the full model's greedy continuations of the
+  calibration prompts are computed once; per skip set, one teacher-forced forward of the skipped
+  model over each continuation gives, at each position, whether its argmax agrees with the
+  continuation and its confidence. The decoder's exit rule is then simulated on those flags and
+  the predicted speedup over ``ar`` is ``tokens / (drafts * c(z) + sum T(d + 1) / T(1))`` with
+  ``c(z)`` from a measured per-sub-layer cost table (:class:`DraftCost`). Its one approximation:
+  while drafting, the committed positions' KV comes from the full model, whereas the
+  teacher-forced forward computes it with the skipped model (so the proxy is pessimistic).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..core import kv_cache
+from ..core.cost import CostProfile
+from ..drafters.self_spec import GammaExit, draft_forward
+from ..drafters.skip_config import GammaSettings
+from ..models.loading import LoadedModel
+from ..models.skipping import SkipSet, decoder_layers, skip_sublayers
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """Seconds of one-token forwards (after a ``context``-token cache) with sub-layers skipped.
+
+    Attributes:
+        full: nothing skipped (T(1)).
+        no_attention: every attention sub-layer skipped.
+        no_mlp: every MLP sub-layer skipped.
+        floor: everything skipped (embedding, norms, LM head).
+        num_layers: decoder blocks.
+    """
+
+    full: float
+    no_attention: float
+    no_mlp: float
+    floor: float
+    num_layers: int
+
+    def ratio(self, skip: SkipSet) -> float:
+        """Predicted draft cost of one token with ``skip``, in units of T(1) (linear in the
+        number of kept sub-layers of each kind)."""
+        n = self.num_layers
+        attn = max(self.full - self.no_attention, 0.0) * (n - len(skip.attention)) / n
+        mlp = max(self.full - self.no_mlp, 0.0) * (n - len(skip.mlp)) / n
+        return (self.floor + attn + mlp) / self.full
+
+    def to_json(self) -> dict:
+        return {"full_s": self.full, "no_attention_s": self.no_attention, "no_mlp_s": self.no_mlp,
+                "floor_s": self.floor, "num_layers": self.num_layers}
+
+
+@torch.inference_mode()
+def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7) -> DraftCost:
+    """Median one-token forward times with none / all attention / all MLP / all sub-layers skipped."""
+    n = len(decoder_layers(model))
+    device = next(model.parameters()).device
+    cache = kv_cache.new_cache(model.config)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
+    model(input_ids=torch.tensor([ids], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    sets = {"full": SkipSet(), "no_attention": SkipSet.of(range(n), ()), "no_mlp": SkipSet.of((), range(n)),
+            "floor": SkipSet.of(range(n), range(n))}
+    times: dict[str, list[float]] = {k: [] for k in sets}
+    for _ in range(reps):
+        for name, skip in sets.items():  # interleaved, so drifts of a shared machine hit all alike
+            with skip_sublayers(model, skip):
+                t0 = time.perf_counter()
+                draft_forward(model, cache, [1], context)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times[name].append(time.perf_counter() - t0)
+            kv_cache.truncate(cache, context)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return DraftCost(med["full"], med["no_attention"], med["no_mlp"], med["floor"], n)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One skip set's score (higher is better) and what explains it."""
+
+    score: float
+    info: dict
+
+
+class SpeedObjective:
+    """Measured decode tokens/s of ``self-spec`` with the skip set on the calibration prompts
+    (exactly ``new_tokens`` per prompt, EOS ignored, prefill excluded)."""
+
+    name = "speed"
+
+    def __init__(self, target: LoadedModel, prompts: list[list[int]], new_tokens: int, draft_exit: str,
+                 gamma: GammaSettings) -> None:
+        from ..api import load
+
+        self.target, self.prompts, self.new_tokens = target, prompts, new_tokens
+        self.draft_exit, self.gamma = draft_exit, gamma
+        self._load = load
+        self.ar_tps = self._decode_tps(load(target, "ar", self_test=False))
+
+    def _decode_tps(self, g) -> float:
+        tokens, seconds = 0, 0.0
+        for ids in self.prompts:
+            r = g.generate(ids, max_new_tokens=self.new_tokens, ignore_eos=True)
+            tokens += r.new_tokens - 1  # the first token comes from the prefill
+            seconds += r.wall_s - r.prefill_s
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def __call__(self, skip: SkipSet) -> Evaluation:
+        g = self._load(self.target, "self-spec", self_test=False, skip_attention=skip.attention,
+                       skip_mlp=skip.mlp, draft_exit=self.draft_exit, gamma0=self.gamma.gamma0,
+                       alpha=self.gamma.alpha, k=self.gamma.max_draft)
+        tps = self._decode_tps(g)
+        return Evaluation(tps, {"tokens_per_s": tps, "speedup": tps / self.ar_tps if self.ar_tps else 0.0})
+
+
+@dataclass(frozen=True)
+class _Continuation:
+    prompt_len: int  # committed rows of the cache before the continuation
+    tokens: list[int]  # y_0 (pending after the prompt) .. y_n, the full model's greedy tokens
+    cache: object
+
+
+def simulate(flags: list[bool], confidences: list[float], draft_exit: str, gamma: GammaExit, max_draft: int,
+             min_confidence: float, draft_ratio: float, profile: CostProfile) -> tuple[int, float, int, int]:
+    """Replay the decoder's exit rule on teacher-forced agreement flags of one continuation.
+
+    Args:
+        flags: ``flags[i]``: the draft's argmax after ``y_i`` equals ``y_{i+1}``.
+        confidences: the draft's confidence at each position.
+        draft_ratio: draft cost of one token in units of T(1).
+
+    Returns:
+        ``(tokens, cost in units of T(1), drafted, accepted)``.
+    """
+    n = len(flags)
+    pos = tokens = drafted = accepted = 0
+    cost = 0.0
+    while pos < n:
+        d, p_all = 0, 1.0
+        for j in range(max_draft):
+            if pos + j >= n:
+                break
+            d += 1
+            p_all *= confidences[pos + j]
+            if draft_exit == "gamma" and gamma.stop(confidences[pos + j]):
+                break
+            if draft_exit == "cost" and p_all < min_confidence:
+                break
+        a = 0
+        while a < d and flags[pos + a]:
+            a += 1
+        tokens += a + 1
+        drafted += d
+        accepted += a
+        cost += d * draft_ratio + profile.ratio(d + 1)
+        gamma.update(a, d)
+        pos += a + 1
+    return tokens, cost, drafted, accepted
+
+
+class ProxyObjective:
+    """Predicted speedup over ``ar`` from teacher-forced agreement (see the module docstring)."""
+
+    name = "proxy"
+
+    def __init__(self, target: LoadedModel, prompts: list[list[int]], new_tokens: int, draft_exit: str,
+                 gamma: GammaSettings, profile: CostProfile, draft_cost: DraftCost,
+                 min_confidence: float = 0.3) -> None:
+        self.model = target.model
+        self.draft_exit, self.gamma, self.profile, self.draft_cost = draft_exit, gamma, profile, draft_cost
+        self.min_confidence = min_confidence
+        self.device = next(self.model.parameters()).device
+        self.continuations = [self._continue(ids, new_tokens) for ids in prompts]
+
+    @torch.inference_mode()
+    def _continue(self, ids: list[int], n: int) -> _Continuation:
+        """The full model's greedy continuation of ``ids`` (n + 1 tokens) and the prompt's cache."""
+        cache = kv_cache.new_cache(self.model.config)
+        out = self.model(input_ids=torch.tensor([ids], device=self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        tokens = [int(out.logits[0, -1].argmax())]
+        for i in range(n):
+            out = self.model(input_ids=torch.tensor([[tokens[-1]]], device=self.device),
+                             position_ids=torch.tensor([[len(ids) + i]], device=self.device),
+                             past_key_values=cache, use_cache=True)
+            tokens.append(int(out.logits[0, -1].argmax()))
+        kv_cache.truncate(cache, len(ids))
+        return _Continuation(len(ids), tokens, cache)
+
+    @torch.inference_mode()
+    def agreement(self, skip: SkipSet) -> list[tuple[list[bool], list[float]]]:
+        """Per continuation: agreement flags and confidences of the skipped model."""
+        result = []
+        with skip_sublayers(self.model, skip):
+            for c in self.continuations:
+                try:
+                    logits = draft_forward(self.model, c.cache, c.tokens[:-1], c.prompt_len, last_only=False)
+                finally:
+                    kv_cache.truncate(c.cache, c.prompt_len)
+                probs = logits.softmax(-1)
+                conf, top = probs.max(-1)
+                result.append(((top == torch.tensor(c.tokens[1:], device=top.device)).tolist(), conf.tolist()))
+        return result
+
+    def __call__(self, skip: SkipSet) -> Evaluation:
+        ratio = self.draft_cost.ratio(skip)
+        gamma = GammaExit(self.gamma)
+        tokens = drafted = accepted = 0
+        cost = 0.0
+        agree = total = 0
+        for flags, conf in self.agreement(skip):
+            gamma.new_prompt()
+            t, c, d, a = simulate(flags, conf, self.draft_exit, gamma, self.gamma.max_draft, self.min_confidence,
+                                  ratio, self.profile)
+            tokens, cost, drafted, accepted = tokens + t, cost + c, drafted + d, accepted + a
+            agree, total = agree + sum(flags), total + len(flags)
+        speedup = tokens / cost if cost > 0 else 0.0
+        return Evaluation(speedup, {"predicted_speedup": speedup, "top1_agreement": agree / max(total, 1),
+                                    "tau": tokens / max(tokens - accepted, 1), "draft_cost_ratio": ratio,
+                                    "acceptance": accepted / max(drafted, 1)})

@@ -1,0 +1,130 @@
+"""self-spec pieces: the paper's gamma rule, the committed cache left untouched by drafting,
+the exit-rule simulator of the tune proxy, and skip configs (lookup, override, refusal)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import selfspec
+from selfspec.core.cost import CostProfile
+from selfspec.drafters.self_spec import GammaExit
+from selfspec.drafters.skip_config import (
+    GammaSettings,
+    SkipConfig,
+    config_hash,
+    read,
+    shipped_config_path,
+    user_config_path,
+)
+from selfspec.errors import SelfspecError
+from selfspec.models.loading import load_model
+from selfspec.tune.objectives import simulate
+
+from ..conftest import prompt_ids
+
+
+def test_gamma_rule_follows_the_paper():
+    g = GammaExit(GammaSettings(gamma0=0.6, alpha=0.85, epsilon=0.01, beta1=0.5, beta2=0.9))
+    g.update(2, 4)  # first cycle: AR = AR_e = 0.5 <= alpha -> gamma rises by (1 - beta2) * eps
+    assert g.ar == pytest.approx(0.5) and g.gamma == pytest.approx(0.601)
+    g.update(4, 4)  # AR = 0.5 * 0.5 + 0.5 * 1.0 = 0.75 <= alpha -> rises again
+    assert g.ar == pytest.approx(0.75) and g.gamma == pytest.approx(0.602)
+    g.update(4, 4)  # AR = 0.875 > alpha -> falls
+    assert g.ar == pytest.approx(0.875) and g.gamma == pytest.approx(0.601)
+    g.new_prompt()  # AR resets, gamma is carried over
+    assert g.ar is None and g.gamma == pytest.approx(0.601)
+    assert g.stop(0.5) and not g.stop(0.7)
+
+
+def test_drafting_leaves_the_committed_cache_untouched(tiny_dir):
+    target = load_model(str(tiny_dir))
+    g = selfspec.load(target, "self-spec", skip_attention=(1,), skip_mlp=(0, 2), auto_k=False, k=4,
+                      self_test=False)
+    snapshots = []
+
+    class Spy:
+        name, lossless, needs_hidden = "spy", True, False
+
+        def prefill(self, state, out):
+            g_inner.prefill(state, out)
+
+        def propose(self, state):
+            before = [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
+            proposal = g_inner.propose(state)
+            after = [(layer.keys, layer.values) for layer in state.cache.layers]
+            snapshots.append(all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(before, after)))
+            assert proposal.tree.size == 1 + min(4, state.draft_room)
+            return proposal
+
+        def observe(self, state, proposal, verdict, out):
+            g_inner.observe(state, proposal, verdict, out)
+
+    g_inner = g.drafter
+    g.drafter = Spy()
+    g.generate(prompt_ids(3, 11), max_new_tokens=20)
+    assert snapshots and all(snapshots)
+
+
+def test_simulate_counts_cycles():
+    prof = CostProfile((1, 2, 3, 4, 5), (1.0, 1.0, 1.0, 1.0, 1.0), 0, "flat")
+    gamma = GammaExit(GammaSettings(gamma0=0.0))  # never stops on confidence
+    flags = [True, True, False, True, True, True]
+    tokens, cost, drafted, accepted = simulate(flags, [0.9] * 6, "gamma", gamma, 4, 0.0, 0.5, prof)
+    # cycle 1 drafts 4 (pos 0..3), accepts 2 -> 3 tokens; cycle 2 at pos 3 drafts 3, accepts 3 -> 4 tokens
+    assert (tokens, drafted, accepted) == (7, 7, 5)
+    assert cost == pytest.approx(7 * 0.5 + 2 * 1.0)
+    tokens, _, drafted, accepted = simulate(flags, [0.9, 0.2, 0.9, 0.9, 0.9, 0.9], "cost", gamma, 4, 0.3, 0.5, prof)
+    assert (tokens, drafted) == (7, 5)  # the low confidence at pos 1 ends the first draft after 2 (2 + 3)
+
+
+def _config(target, name=None, attn=(1,), mlp=()):
+    return SkipConfig(model=name or target.name, config_hash=config_hash(target.model), num_layers=3,
+                      skip_attention=attn, skip_mlp=mlp)
+
+
+def test_skip_config_round_trip_and_lookup(tiny_dir, tmp_path):
+    target = load_model(str(tiny_dir))
+    with pytest.raises(SelfspecError, match="selfspec tune"):
+        selfspec.load(target, "self-spec", self_test=False)
+    _config(target, attn=(2,), mlp=(0,)).save(user_config_path(target.name))
+    g = selfspec.load(target, "self-spec", self_test=False)  # picked up automatically
+    assert (g.drafter.skip.attention, g.drafter.skip.mlp) == ((2,), (0,))
+    other = _config(target, attn=(0,), mlp=()).save(tmp_path / "mine.json")
+    g = selfspec.load(target, "self-spec", skip_config=str(other), self_test=False)  # the override wins
+    assert g.drafter.skip.attention == (0,) and g.drafter.source == str(other)
+    assert read(other) == _config(target, attn=(0,), mlp=())
+    user_config_path(target.name).unlink()
+
+
+def test_skip_config_for_another_model_is_refused(tiny_dir, tiny_qwen_dir, tmp_path):
+    target = load_model(str(tiny_dir))
+    qwen = load_model(str(tiny_qwen_dir))
+    wrong_name = _config(target, name="someone-else").save(tmp_path / "a.json")
+    with pytest.raises(SelfspecError, match="tuned for model 'someone-else'"):
+        selfspec.load(target, "self-spec", skip_config=str(wrong_name), self_test=False)
+    wrong_arch = SkipConfig(model=target.name, config_hash=config_hash(qwen.model), num_layers=3,
+                            skip_attention=(1,), skip_mlp=())
+    wrong_arch.save(tmp_path / "b.json")
+    with pytest.raises(SelfspecError, match="architecture"):
+        selfspec.load(target, "self-spec", skip_config=str(tmp_path / "b.json"), self_test=False)
+    (tmp_path / "c.json").write_text(json.dumps({"format": "something"}))
+    with pytest.raises(SelfspecError, match="not a valid skip config"):
+        selfspec.load(target, "self-spec", skip_config=str(tmp_path / "c.json"), self_test=False)
+    with pytest.raises(SelfspecError, match="does not exist"):
+        selfspec.load(target, "self-spec", skip_config=str(tmp_path / "none.json"), self_test=False)
+    with pytest.raises(SelfspecError, match="layers 0..2"):
+        selfspec.load(target, "self-spec", skip_attention=(7,), self_test=False)
+    with pytest.raises(SelfspecError, match="draft_exit"):
+        selfspec.load(target, "self-spec", skip_attention=(1,), draft_exit="sometimes", self_test=False)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"])
+def test_shipped_configs_parse(name):
+    path = shipped_config_path(name)
+    assert path is not None, f"no shipped skip config for {name}"
+    cfg = read(path)
+    assert cfg.model == name and cfg.search["trials"] > 0
+    assert 0 < len(cfg.skip_attention) + len(cfg.skip_mlp) < 2 * cfg.num_layers

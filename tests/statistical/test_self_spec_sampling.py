@@ -1,0 +1,77 @@
+"""End-to-end sampling test of ``self-spec`` on a real (tiny, random-init) model with an
+enumerable vocabulary (V = 6): the joint distribution of the first three generated tokens (the first
+from the prompt forward, the next two from a speculative step that drafts two tokens with
+skipped sub-layers) must equal the exact one computed from the target. A drafter that reports
+its q but samples something else must fail the same test."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import selfspec
+import selfspec.drafters.self_spec as self_spec_mod
+from selfspec.core.sampling import Warper
+from selfspec.models.loading import LoadedModel
+
+from ..conftest import tiny_model
+from .test_lossless_sampling import check
+
+V = 6
+N = 3000
+PROMPT = [1, 4, 3]
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = tiny_model("llama", seed=3, layers=3, vocab=V)
+    with torch.no_grad():  # milder logits than the shared fixture: many sequences have mass
+        model.lm_head.weight.mul_(0.4)
+    return LoadedModel(model=model, tokenizer=None, name="tiny-v6", path=None)
+
+
+def exact_joint(model, warper: Warper) -> torch.Tensor:
+    """P(x1, x2, x3 | PROMPT) as a flat ``[V**3]`` tensor."""
+    out = torch.zeros(V ** 3, dtype=torch.float64)
+    with torch.inference_mode():
+        def probs(ids):
+            return warper.probs(model(input_ids=torch.tensor([ids])).logits[0, -1].float()).double()
+
+        p1 = probs(PROMPT)
+        for a in range(V):
+            p2 = probs(PROMPT + [a])
+            for b in range(V):
+                p3 = probs(PROMPT + [a, b])
+                for c in range(V):
+                    out[(a * V + b) * V + c] = p1[a] * p2[b] * p3[c]
+    return out
+
+
+def run(target, warper: Warper) -> torch.Tensor:
+    g = selfspec.load(target, "self-spec", skip_attention=(1,), skip_mlp=(2,), k=2, auto_k=False, self_test=False)
+    counts = torch.zeros(V ** 3, dtype=torch.float64)
+    for seed in range(N):
+        r = g.generate(PROMPT, max_new_tokens=4, temperature=warper.temperature, top_k=warper.top_k,
+                       top_p=warper.top_p, seed=seed, ignore_eos=True)
+        a, b, c = r.token_ids[:3]
+        counts[(a * V + b) * V + c] += 1
+        # the first step after the prompt forward drafts two tokens: x2 and x3 come from it
+        assert r.drafted_per_step[1] == 2
+    return counts
+
+
+@pytest.mark.parametrize("warper", [Warper(1.0), Warper(0.8, top_k=4)], ids=["t1", "t0.8-topk4"])
+def test_self_spec_sampling_matches_target(target, warper):
+    pval, tv, bound = check(run(target, warper), exact_joint(target.model, warper))
+    assert pval > 1e-3, f"chi-square rejects: p={pval:.2e}, TV={tv:.4f}"
+    assert tv < bound, f"TV {tv:.4f} above the bound {bound:.4f}"
+
+
+def test_negative_control_draft_not_sampled_from_q(target, monkeypatch):
+    """The draft reports q but always proposes its argmax: the output distribution shifts."""
+    monkeypatch.setattr(self_spec_mod, "sample", lambda q, g: int(q.argmax()))
+    warper = Warper(1.0)
+    pval, tv, bound = check(run(target, warper), exact_joint(target.model, warper))
+    assert pval < 1e-3 or tv > bound

@@ -1,0 +1,77 @@
+"""``selfspec tune --method self-spec`` end to end on a tiny model: both objectives, the config
+it writes is picked up by ``load``, the search resumes, and bad input is one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import selfspec
+from selfspec.cli import main
+from selfspec.models.loading import load_model
+from selfspec.tune.search import seed_sets
+
+from ..conftest import prompt_ids
+
+
+@pytest.fixture()
+def calib(tmp_path):
+    """Calibration prompts in the tiny tokenizer's words (its chat template is absent)."""
+    path = tmp_path / "calib.jsonl"
+    rows = [{"id": f"c{i}", "prompt": " ".join(f"w{t}" for t in prompt_ids(i, 6, 90)), "chat": False}
+            for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _tune(tiny_dir, tmp_path, calib, *extra):
+    return main(["tune", str(tiny_dir), "--prompts", str(calib), "--calib-prompts", "2", "--calib-tokens", "6",
+                 "--state", str(tmp_path / "state"), "--out", str(tmp_path / "skip.json"), *extra])
+
+
+@pytest.mark.parametrize("objective", ["proxy", "speed"])
+def test_tune_end_to_end(tiny_dir, tmp_path, calib, capsys, objective):
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", objective, "--trials", "9") == 0
+    out = capsys.readouterr().out
+    assert "skip config:" in out
+    cfg = json.loads((tmp_path / "skip.json").read_text())
+    assert cfg["search"]["objective"] == objective and cfg["search"]["trials"] == 9
+    assert cfg["num_layers"] == 3 and cfg["model"] == tiny_dir.name
+    # the written config drives self-spec, and greedy output stays that of ar
+    target = load_model(str(tiny_dir))
+    g = selfspec.load(target, "self-spec", skip_config=str(tmp_path / "skip.json"), self_test=False)
+    assert list(g.drafter.skip.attention) == cfg["skip_attention"]
+    ar = selfspec.load(target, "ar", self_test=False)
+    p = prompt_ids(5, 9)
+    assert g.generate(p, max_new_tokens=16).token_ids == ar.generate(p, max_new_tokens=16).token_ids
+
+
+def test_tune_resumes_and_refuses_other_settings(tiny_dir, tmp_path, calib, capsys):
+    n_seeds = len(seed_sets(3))
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", str(n_seeds)) == 0
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", str(n_seeds + 3)) == 0
+    assert json.loads((tmp_path / "skip.json").read_text())["search"]["trials"] == n_seeds + 3
+    capsys.readouterr()
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "4", "--calib-tokens", "5") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--fresh" in err
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "2", "--fresh") == 0
+    assert json.loads((tmp_path / "skip.json").read_text())["search"]["trials"] == 2
+
+
+def test_tune_time_budget_stops_early(tiny_dir, tmp_path, calib):
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "1000", "--time-budget", "2") == 0
+    assert json.loads((tmp_path / "skip.json").read_text())["search"]["trials"] < 1000
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--method", "pld"], "self-spec only"),
+    (["--trials", "0"], "--trials"),
+    (["--time-budget", "-1"], "--time-budget"),
+    (["--calib-category", "poetry"], "no calibration prompt"),
+])
+def test_tune_bad_input(tiny_dir, tmp_path, calib, capsys, args, msg):
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", *args) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
