@@ -24,7 +24,8 @@ def trials(state: Path) -> list[dict]:
     from optuna.storages.journal import JournalFileBackend
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name="self-spec", storage=JournalStorage(JournalFileBackend(str(state / "journal.log"))))
+    storage = JournalStorage(JournalFileBackend(str(state / "journal.log")))
+    study = optuna.load_study(study_name="self-spec", storage=storage)
     out = []
     for t in study.trials:
         if t.value is None:

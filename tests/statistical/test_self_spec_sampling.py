@@ -6,8 +6,6 @@ its q but samples something else must fail the same test."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
