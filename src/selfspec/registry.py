@@ -71,11 +71,26 @@ def _build_draft_model(target: LoadedModel, cfg: DraftModelConfig, ctx: BuildCon
                              cfg.min_confidence if cfg.auto_k else 0.0)
 
 
+def _layers(value) -> tuple[int, ...]:
+    """Layer indices from a sequence, one int, or text like ``"3+7+9"`` (bench entries)."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    try:
+        if isinstance(value, str):
+            return tuple(int(v) for v in value.replace("+", " ").split())
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError) as e:
+        raise SelfspecError(f"self-spec layer indices must be integers, not {value!r}") from e
+
+
 def resolve_skip(target: LoadedModel, cfg: SelfSpecConfig) -> tuple[SkipSet, GammaSettings, str]:
     """The skip set and gamma settings of ``self-spec``: explicit sets, else a skip config."""
     num_layers = len(decoder_layers(target.model))
     if cfg.skip_attention is not None or cfg.skip_mlp is not None:
-        skip, gamma, source = SkipSet.of(cfg.skip_attention or (), cfg.skip_mlp or ()), GammaSettings(), "explicit"
+        skip = SkipSet.of(_layers(cfg.skip_attention), _layers(cfg.skip_mlp))
+        gamma, source = GammaSettings(), "explicit"
     else:
         found = find(target.name, target.model, cfg.skip_config)
         if found is None:

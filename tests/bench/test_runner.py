@@ -78,3 +78,27 @@ def test_bench_compares_kernels_backends_in_one_run(tiny_dir, dataset, tmp_path)
     assert s["pld"]["speedup_vs_hf"] is not None
     assert set(rep["meta"]["cost_profiles"]) == {"stock", "onednn", "int8"}
     assert "int8 (quantised)" in (out / "report.md").read_text()
+
+
+def test_method_variants_in_one_run(tiny_dir, dataset, tmp_path, capsys):
+    """``METHOD:key=value`` entries run variants of one method side by side (self-spec exits)."""
+    out = tmp_path / "variants"
+    code = main(["bench", "--model", str(tiny_dir), "--methods",
+                 "ar,self-spec:skip_attention=1:draft_exit=gamma,pld:k=2:auto_k=false", "--dataset", str(dataset),
+                 "--max-new-tokens", "10", "--out", str(out)])
+    assert code == 0
+    s = json.loads((out / "report.json").read_text())["summary"]
+    assert s["self-spec:skip_attention=1:draft_exit=gamma"]["identical"] == "3/3"
+    assert s["pld:k=2:auto_k=false"]["identical"] == "3/3"
+    capsys.readouterr()
+    assert main(["bench", "--model", str(tiny_dir), "--methods", "ar,pld:k", "--dataset", str(dataset),
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "METHOD:key=value" in capsys.readouterr().err
+
+
+def test_parse_method():
+    from selfspec.bench.runner import parse_method
+
+    assert parse_method("self-spec:draft_exit=gamma:k=8:auto_k=false:gamma0=0.5") == (
+        "self-spec", {"draft_exit": "gamma", "k": 8, "auto_k": False, "gamma0": 0.5})
+    assert parse_method("ar") == ("ar", {})

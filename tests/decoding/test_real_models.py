@@ -34,6 +34,9 @@ def smol_refs(smollm2):
     ("pld", {"k": 4, "auto_k": False}),
     ("pld", {}),  # draft length from the measured cost profile
     ("draft-model", {"draft_model": "smollm2", "k": 3, "auto_k": False}),
+    ("self-spec", {}),  # the shipped skip config, cost-aware exit
+    ("self-spec", {"k": 3, "auto_k": False}),  # drafts every step
+    ("self-spec", {"draft_exit": "gamma"}),
 ])
 def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
     prompts, refs = smol_refs
@@ -62,6 +65,7 @@ def smol_fast(request):
     ("ar", {}),
     ("pld", {}),
     ("draft-model", {"draft_model": "self", "k": 4, "auto_k": False}),
+    ("self-spec", {"k": 3, "auto_k": False}),
 ])
 def test_smollm2_fast_kernels_greedy(smol_fast, smol_refs, method, opts):
     """onednn (fp32): identical to ``transformers`` ``generate`` on the stock fp32 model. int8: identical to
