@@ -78,3 +78,12 @@ def test_ctrl_c_keeps_finished_records(tmp_path, capsys, tiny_dir, monkeypatch):
     assert code == 130
     lines = (out / "records.jsonl").read_text().splitlines()
     assert [json.loads(x)["method"] for x in lines] == ["ar", "hf", "ar"]
+
+
+def test_acceptance_by_depth_from_records():
+    from selfspec.bench.report import acceptance_by_depth
+
+    recs = [{"drafted_per_step": [0, 3, 2, 0], "committed_per_step": [1, 4, 1, 1]},
+            {"drafted_per_step": [0, 1], "committed_per_step": [1, 2]}]
+    # depth 1: verified 3 times, accepted in steps (3 drafts, 4 committed) and (1 draft, 2 committed)
+    assert acceptance_by_depth(recs) == [2 / 3, 1 / 2, 1 / 1]

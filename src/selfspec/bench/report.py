@@ -30,6 +30,24 @@ def _compare(rs: list[dict], ref_ids: dict) -> tuple[int, list[dict]]:
     return same, diffs
 
 
+def acceptance_by_depth(records: list[dict]) -> list[float]:
+    """Acceptance at draft depth d = steps that accepted the d-th draft / steps that verified a
+    d-th draft, from each record's ``drafted_per_step`` and ``committed_per_step`` (a step
+    commits its accepted drafts plus one token; a step cut by EOS or the length limit may
+    commit fewer, which this counts as rejections)."""
+    proposed: list[int] = []
+    accepted: list[int] = []
+    for r in records:
+        for d, c in zip(r.get("drafted_per_step", []), r.get("committed_per_step", [])):
+            while len(proposed) < d:
+                proposed.append(0)
+                accepted.append(0)
+            for i in range(d):
+                proposed[i] += 1
+                accepted[i] += i < c - 1
+    return [a / p for a, p in zip(accepted, proposed)]
+
+
 def summarize(records: list[dict], names: list[str], baselines: dict[str, str] | None = None) -> dict:
     """Per method: tokens, wall, tok/s, speedup vs its baseline (``ar`` on the same kernels
     backend, by default ``ar``; ratio of tok/s over the same prompts), speedup vs the ``hf``
@@ -66,6 +84,11 @@ def summarize(records: list[dict], names: list[str], baselines: dict[str, str] |
         s["median_tokens_per_s"] = statistics.median(r["new_tokens"] / r["wall_s"] for r in rs if r["wall_s"])
         steps = sum(r.get("steps", 0) for r in rs)
         s["tau"] = s["tokens"] / steps if steps else None
+        s["acceptance_by_depth"] = acceptance_by_depth(rs)
+        drafting = [n for r in rs for n in r.get("drafted_per_step", [])[1:]]
+        s["drafting_steps"] = sum(1 for n in drafting if n) / len(drafting) if drafting else None
+        spent = sum(r.get("draft_s", 0.0) + r.get("verify_s", 0.0) for r in rs)
+        s["draft_share"] = sum(r.get("draft_s", 0.0) for r in rs) / spent if spent else None
         cats, base_cat = defaultdict(list), defaultdict(list)
         for r in rs:
             cats[r["category"]].append(r)
@@ -119,6 +142,19 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         for name, s in summary.items():
             cells = [f"{s['by_category'].get(c):.2f}" if s["by_category"].get(c) else "-" for c in cats]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    drafters = {n: s for n, s in summary.items() if s.get("acceptance_by_depth")}
+    if drafters:
+        depth = min(8, max(len(s["acceptance_by_depth"]) for s in drafters.values()))
+        lines += ["", "Acceptance by draft depth (accepted / verified at that depth), share of decode steps that "
+                  "drafted, and share of decode time spent drafting:", "",
+                  "| method | " + " | ".join(f"d{i + 1}" for i in range(depth)) + " | drafting steps | draft time |",
+                  "|---|" + "---|" * (depth + 2)]
+        for name, s in drafters.items():
+            acc = s["acceptance_by_depth"]
+            cells = [f"{acc[i]:.2f}" if i < len(acc) else "-" for i in range(depth)]
+            ds = f"{s['drafting_steps']:.2f}" if s.get("drafting_steps") is not None else "-"
+            dt = f"{s['draft_share']:.2f}" if s.get("draft_share") is not None else "-"
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {ds} | {dt} |")
     diffs = {n: s["differences"] for n, s in summary.items() if s.get("differences")}
     if diffs:
         lines += ["", "Greedy outputs that differ from ar on the same backend (first differing position):", ""]
