@@ -85,12 +85,14 @@ def _layers(value) -> tuple[int, ...]:
         raise SelfspecError(f"self-spec layer indices must be integers, not {value!r}") from e
 
 
-def resolve_skip(target: LoadedModel, cfg: SelfSpecConfig) -> tuple[SkipSet, GammaSettings, str]:
-    """The skip set and gamma settings of ``self-spec``: explicit sets, else a skip config."""
+def resolve_skip(target: LoadedModel, cfg: SelfSpecConfig
+                 ) -> tuple[SkipSet, GammaSettings, str, tuple[float, float] | None]:
+    """The skip set, gamma settings, source and measured priors (acceptance, draft cost / T(1))
+    of ``self-spec``: explicit sets (no priors), else a skip config."""
     num_layers = len(decoder_layers(target.model))
     if cfg.skip_attention is not None or cfg.skip_mlp is not None:
         skip = SkipSet.of(_layers(cfg.skip_attention), _layers(cfg.skip_mlp))
-        gamma, source = GammaSettings(), "explicit"
+        gamma, source, priors = GammaSettings(), "explicit", None
     else:
         found = find(target.name, target.model, cfg.skip_config)
         if found is None:
@@ -98,12 +100,12 @@ def resolve_skip(target: LoadedModel, cfg: SelfSpecConfig) -> tuple[SkipSet, Gam
                 f"no skip config for model '{target.name}': tune one with `selfspec tune {target.name} --method "
                 "self-spec`, or pass --skip-config PATH (API: skip_attention=..., skip_mlp=...)")
         sc, source = found
-        skip, gamma = sc.skip, sc.gamma
+        skip, gamma, priors = sc.skip, sc.gamma, sc.priors()
     skip.check(num_layers)
     over = {k: v for k, v in (("gamma0", cfg.gamma0), ("alpha", cfg.alpha)) if v is not None}
     if cfg.k is not None:
         over["max_draft"] = cfg.k
-    return skip, dataclasses.replace(gamma, **over), source
+    return skip, dataclasses.replace(gamma, **over), source, priors
 
 
 def _build_self_spec(target: LoadedModel, cfg: SelfSpecConfig, ctx: BuildContext) -> Drafter:
@@ -113,8 +115,10 @@ def _build_self_spec(target: LoadedModel, cfg: SelfSpecConfig, ctx: BuildContext
         raise SelfspecError("self-spec needs k >= 1")
     if not 0.0 <= cfg.min_confidence < 1.0:
         raise SelfspecError("self-spec needs 0 <= min_confidence < 1")
-    skip, gamma, source = resolve_skip(target, cfg)
+    skip, gamma, source, priors = resolve_skip(target, cfg)
     budget = _budget(target, cfg.auto_k, gamma.max_draft)
+    if priors is not None and budget.profile is not None:  # start from what the search measured
+        budget.set_prior(priors[0], priors[1] * budget.profile.t1)
     return SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
                            source)
 

@@ -40,6 +40,13 @@ class ChainBudget:
         self.draft_cost = 0.0  # seconds per drafted token, running estimate
         self._since_probe = 0
 
+    def set_prior(self, alpha: float, draft_seconds: float) -> None:
+        """Start from a known acceptance and per-token draft cost (e.g. measured when the draft
+        was tuned) instead of the generic prior and a free draft, so a draft that does not pay
+        is not tried at length before the estimates catch up."""
+        self.accepted, self.rejected = 2.0 * alpha, 2.0 * (1.0 - alpha)
+        self.draft_cost = draft_seconds
+
     @property
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)

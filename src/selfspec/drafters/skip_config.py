@@ -48,6 +48,42 @@ class GammaSettings:
 
 
 @dataclass(frozen=True)
+class DraftCost:
+    """Seconds of one-token forwards (after a ``context``-token cache) with sub-layers skipped.
+
+    Attributes:
+        full: nothing skipped (T(1)).
+        no_attention: every attention sub-layer skipped.
+        no_mlp: every MLP sub-layer skipped.
+        floor: everything skipped (embedding, norms, LM head).
+        num_layers: decoder blocks.
+    """
+
+    full: float
+    no_attention: float
+    no_mlp: float
+    floor: float
+    num_layers: int
+
+    def ratio(self, skip: SkipSet) -> float:
+        """Predicted draft cost of one token with ``skip``, in units of T(1) (linear in the
+        number of kept sub-layers of each kind)."""
+        n = self.num_layers
+        attn = max(self.full - self.no_attention, 0.0) * (n - len(skip.attention)) / n
+        mlp = max(self.full - self.no_mlp, 0.0) * (n - len(skip.mlp)) / n
+        return (self.floor + attn + mlp) / self.full
+
+    def to_json(self) -> dict:
+        return {"full_s": self.full, "no_attention_s": self.no_attention, "no_mlp_s": self.no_mlp,
+                "floor_s": self.floor, "num_layers": self.num_layers}
+
+    @classmethod
+    def from_json(cls, d: dict) -> DraftCost:
+        return cls(float(d["full_s"]), float(d["no_attention_s"]), float(d["no_mlp_s"]), float(d["floor_s"]),
+                   int(d["num_layers"]))
+
+
+@dataclass(frozen=True)
 class SkipConfig:
     """A tuned skip set with what it was tuned on."""
 
@@ -62,6 +98,16 @@ class SkipConfig:
     @property
     def skip(self) -> SkipSet:
         return SkipSet.of(self.skip_attention, self.skip_mlp)
+
+    def priors(self) -> tuple[float, float] | None:
+        """What the search measured for this skip set, to start the cost-aware budget from:
+        ``(acceptance of drafts, draft cost of one token in units of T(1))``, or None."""
+        try:
+            cost = DraftCost.from_json(self.search["draft_cost"]).ratio(self.skip)
+            alpha = float(self.search["acceptance"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return min(max(alpha, 0.05), 0.95), cost
 
     def to_json(self) -> dict:
         d = asdict(self)

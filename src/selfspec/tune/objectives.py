@@ -24,40 +24,9 @@ import torch
 from ..core import kv_cache
 from ..core.cost import CostProfile
 from ..drafters.self_spec import GammaExit, draft_forward
-from ..drafters.skip_config import GammaSettings
+from ..drafters.skip_config import DraftCost, GammaSettings
 from ..models.loading import LoadedModel
 from ..models.skipping import SkipSet, decoder_layers, skip_sublayers
-
-
-@dataclass(frozen=True)
-class DraftCost:
-    """Seconds of one-token forwards (after a ``context``-token cache) with sub-layers skipped.
-
-    Attributes:
-        full: nothing skipped (T(1)).
-        no_attention: every attention sub-layer skipped.
-        no_mlp: every MLP sub-layer skipped.
-        floor: everything skipped (embedding, norms, LM head).
-        num_layers: decoder blocks.
-    """
-
-    full: float
-    no_attention: float
-    no_mlp: float
-    floor: float
-    num_layers: int
-
-    def ratio(self, skip: SkipSet) -> float:
-        """Predicted draft cost of one token with ``skip``, in units of T(1) (linear in the
-        number of kept sub-layers of each kind)."""
-        n = self.num_layers
-        attn = max(self.full - self.no_attention, 0.0) * (n - len(skip.attention)) / n
-        mlp = max(self.full - self.no_mlp, 0.0) * (n - len(skip.mlp)) / n
-        return (self.floor + attn + mlp) / self.full
-
-    def to_json(self) -> dict:
-        return {"full_s": self.full, "no_attention_s": self.no_attention, "no_mlp_s": self.no_mlp,
-                "floor_s": self.floor, "num_layers": self.num_layers}
 
 
 @torch.inference_mode()

@@ -132,7 +132,7 @@ def _rerank(target: LoadedModel, opts: TuneOptions, prompts: list[list[int]], re
     speed = SpeedObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma)
     seen: list[SkipSet] = []
     for _, skip, _ in result.ranked:
-        if skip not in seen:
+        if skip.size and skip not in seen:
             seen.append(skip)
         if len(seen) == opts.rerank:
             break
