@@ -33,3 +33,13 @@ $S bench --model qwen2.5-coder-1.5b-instruct --kernels onednn --threads 2 --data
    --out $OUT/self-spec-limits/qwen1.5b > /dev/null
 .venv/bin/python scripts/self_spec_limits.py "$STATE/smol-proxy" $CFG/smollm2-135m-instruct.json \
    --out $OUT/self-spec-limits/smollm2 > /dev/null
+
+# 4. the same skip set forced to draft every step (no back-off): what the back-off saves
+$S bench --model smollm2-135m-instruct --kernels onednn --threads 2 --dataset builtin --limit 10 \
+   --max-new-tokens 96 --methods ar,self-spec,self-spec:auto_k=false:k=2,self-spec:auto_k=false:draft_exit=gamma \
+   --out $OUT/smollm2-self-spec-forced --resume
+
+# 5. README Results
+R=$OUT
+.venv/bin/python scripts/results_to_readme.py README.md $R/smollm2 $R/qwen1.5b $R/smollm2-mtbench $R/qwen1.5b-humaneval \
+   $R/smollm2-kernels $R/qwen1.5b-kernels $R/qwen1.5b-humaneval-int8 $R/smollm2-self-spec $R/qwen1.5b-self-spec

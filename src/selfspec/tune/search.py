@@ -66,7 +66,7 @@ class SearchResult:
     score: float
     info: dict
     trials: int  # completed trials, all runs of this state included
-    seconds: float  # time spent by this run
+    seconds: float  # time spent in trials, all runs of this state included
     ranked: list[tuple[float, SkipSet, dict]]  # every completed trial, best first
     # best is the best non-empty skip set: skipping nothing drafts with the whole model
 
@@ -144,4 +144,6 @@ def search(objective: Callable[[SkipSet], Evaluation], num_layers: int, state_di
     # the empty set (the draft is the whole model) is a reference probe, never an answer
     nonempty = [r for r in ranked if r[1].size > 0] or ranked
     score, best, info = nonempty[0]
-    return SearchResult(best, score, info, len(completed), time.perf_counter() - t_start, ranked)
+    seconds = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in completed
+                  if t.datetime_complete and t.datetime_start)
+    return SearchResult(best, score, info, len(completed), seconds, ranked)
