@@ -42,10 +42,11 @@ def main() -> None:
     tail = rest.split(END, 1)[1]
     note = ("Generated from `selfspec bench` reports by `scripts/results_to_readme.py` (runs: "
             "`scripts/bench_baselines.sh`, `scripts/bench_datasets.sh`, `scripts/bench_kernels.sh`, "
-            "`scripts/bench_self_spec.sh`; one process per model, every method and peer on the same prompts in the same run after warm-up; speedup = ratio of "
-            "tokens/s to `ar` on the same kernels, `vs hf` = ratio to `transformers` `generate` in fp32 in that run; "
-            "`int8` is a quantised model, lossless with respect to itself, quality cost in `docs/performance.md`; runs were made on different days "
-            "of a shared VM whose speed varies by up to 4x, so compare ratios within a run, not tok/s across runs).")
+            "`scripts/bench_self_spec.sh`; one process per model, every method and peer on the same prompts in "
+            "the same run after warm-up; speedup = ratio of tokens/s to `ar` on the same kernels, `vs hf` = ratio "
+            "to `transformers` `generate` in fp32 in that run; `int8` is a quantised model, lossless with respect "
+            "to itself, quality cost in `docs/performance.md`; runs were made on different days of a shared VM "
+            "whose speed varies by up to 4x, so compare ratios within a run, not tok/s across runs).")
     readme.write_text(f"{head}{START}\n{note}\n\n{body}\n{END}{tail}")
 
 
