@@ -48,11 +48,18 @@ def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
     assert not mismatches, f"{method}: prompts {mismatches} differ from transformers generate"
 
 
+FAST_KERNEL_PROMPTS = 10
+
+
 @pytest.fixture(scope="module", params=["onednn", "int8"])
 def smol_fast(request):
     """A private SmolLM2 on a fast backend (the shared fixture stays on stock)."""
+    from selfspec.kernels.int8 import fast_cpu_int8
     from selfspec.models.loading import load_model
 
+    if request.param == "int8" and not fast_cpu_int8():
+        pytest.skip("int8 on this CPU (no VNNI) uses the exact but slow torch._int_mm fallback; its exactness "
+                    "is covered by the tiny-model tests")
     target = load_model(bundled_path("smollm2-135m-instruct"), kernels=request.param)
     target.refs = None  # generate's ids on this same model (int8), computed once
     return target
@@ -67,6 +74,7 @@ def test_smollm2_fast_kernels_greedy(smol_fast, smol_refs, method, opts):
     """onednn (fp32): identical to ``transformers`` ``generate`` on the stock fp32 model. int8: identical to
     ``generate`` on the same int8 model (it is a different model from the fp32 one)."""
     prompts, refs = smol_refs
+    prompts = prompts[:FAST_KERNEL_PROMPTS]  # the stock tests above cover all 20
     if smol_fast.backend == "int8":
         if smol_fast.refs is None:
             smol_fast.refs = [hf_ids(smol_fast.model, p, MAX_NEW) for p in prompts]

@@ -15,6 +15,9 @@ still its own exact integer sum times its own scales, that changes no bit of the
 
 from __future__ import annotations
 
+import functools
+import sys
+
 import torch
 from torch import nn
 
@@ -53,9 +56,40 @@ def available(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def _onednn_int8() -> bool:
-    return hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise") \
-        and torch.backends.mkldnn.is_available()
+    """Whether oneDNN's u8 x s8 product is available *and exact* on this CPU.
+
+    On x86 CPUs without VNNI instructions (AVX2 only) oneDNN adds pairs of u8 x s8 products in
+    int16 with saturation, so large activations give wrong sums (measured: 21% relative error
+    on a Linear layer). A saturating probe detects that; the backend then uses
+    ``torch._int_mm`` (exact, but much slower on CPU) and says so once.
+    """
+    if not (hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
+            and torch.backends.mkldnn.is_available()):
+        return False
+    k, n = 64, 8
+    w = torch.full((n, k), 127, dtype=torch.int8)
+    w[1::2] = -127
+    xu = torch.full((2, k), 255, dtype=torch.uint8)
+    xu[1] = 0
+    try:
+        y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, torch.ops.onednn.qlinear_prepack(w, None),
+                                               torch.ones(n), torch.zeros(n, dtype=torch.int64), None, 1.0, 0,
+                                               torch.float32, "none", [], "")
+    except RuntimeError:
+        return False
+    exact = ((xu.to(torch.int64) - 128) @ w.to(torch.int64).t()).float()
+    if torch.equal(y, exact):
+        return True
+    print("selfspec: this CPU lacks VNNI int8 instructions, on which oneDNN's int8 product saturates; the int8 "
+          "backend falls back to torch._int_mm (exact, slow on CPU). Use --kernels onednn here.", file=sys.stderr)
+    return False
+
+
+def fast_cpu_int8() -> bool:
+    """True when the int8 backend runs on oneDNN's fast (and exact) product on this CPU."""
+    return _onednn_int8()
 
 
 class Int8Matmul:
