@@ -1,4 +1,5 @@
-"""Greedy equality on real models: SmolLM2-135M on the 20 built-in prompts (in the suite), and
+"""Greedy equality on real models: SmolLM2-135M on every other one of the 20 built-in prompts (in
+the suite; 10 prompts across the categories), and
 Qwen2.5-Coder-1.5B with the 0.5B draft on 5 prompts (slow; run by scripts/bench_baselines.sh)."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def hf_ids(model, ids: list[int], max_new: int) -> list[int]:
 def smol_refs(smollm2):
     prompts = [encode_prompt(smollm2.tokenizer, p.text, True, smollm2.model.config.vocab_size) for p in builtin()]
     assert len(prompts) == 20
+    prompts = prompts[::2]
     return prompts, [hf_ids(smollm2.model, p, MAX_NEW) for p in prompts]
 
 
@@ -74,7 +76,7 @@ def test_smollm2_fast_kernels_greedy(smol_fast, smol_refs, method, opts):
     """onednn (fp32): identical to ``transformers`` ``generate`` on the stock fp32 model. int8: identical to
     ``generate`` on the same int8 model (it is a different model from the fp32 one)."""
     prompts, refs = smol_refs
-    prompts = prompts[:FAST_KERNEL_PROMPTS]  # the stock tests above cover all 20
+    prompts = prompts[:FAST_KERNEL_PROMPTS]  # the stock tests above cover more
     if smol_fast.backend == "int8":
         if smol_fast.refs is None:
             smol_fast.refs = [hf_ids(smol_fast.model, p, MAX_NEW) for p in prompts]
