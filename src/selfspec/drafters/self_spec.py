@@ -179,15 +179,15 @@ class SelfSpecDrafter:
             with skip_sublayers(self.model, self.skip):
                 for i in range(k):
                     logits = draft_forward(self.model, state.cache, [x], base + i)[-1]
-                    probs = logits.softmax(-1)
                     if greedy:
+                        probs = logits.softmax(-1)
                         x = int(probs.argmax())
                         conf = float(probs[x])
                     else:
                         q = state.warper.probs(logits)
                         x = sample(q, state.generator)
-                        qs.append(q)
-                        conf = float(probs[x]) if self.draft_exit == "gamma" else float(q[x])
+                        qs.append(q)  # the gamma exit reads the unwarped probability, the cost exit q's
+                        conf = float(logits.softmax(-1)[x]) if self.draft_exit == "gamma" else float(q[x])
                     tokens.append(x)
                     confidences.append(conf)
                     p_all *= conf

@@ -150,21 +150,19 @@ class ProxyObjective:
         self.draft_exit, self.gamma, self.profile, self.draft_cost = draft_exit, gamma, profile, draft_cost
         self.min_confidence = min_confidence
         self.device = next(self.model.parameters()).device
+        from ..api import load
+
+        self.ar = load(target, "ar", self_test=False)
         self.continuations = [self._continue(ids, new_tokens) for ids in prompts]
 
     @torch.inference_mode()
     def _continue(self, ids: list[int], n: int) -> _Continuation:
-        """The full model's greedy continuation of ``ids`` (n + 1 tokens) and the prompt's cache."""
+        """The full model's greedy continuation of ``ids`` (n + 1 tokens, from ``ar`` on the one
+        decode loop) and a cache holding the prompt."""
+        tokens = self.ar.generate(ids, max_new_tokens=n + 1, ignore_eos=True).token_ids
         cache = kv_cache.new_cache(self.model.config)
-        out = self.model(input_ids=torch.tensor([ids], device=self.device), past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
-        tokens = [int(out.logits[0, -1].argmax())]
-        for i in range(n):
-            out = self.model(input_ids=torch.tensor([[tokens[-1]]], device=self.device),
-                             position_ids=torch.tensor([[len(ids) + i]], device=self.device),
-                             past_key_values=cache, use_cache=True)
-            tokens.append(int(out.logits[0, -1].argmax()))
-        kv_cache.truncate(cache, len(ids))
+        self.model(input_ids=torch.tensor([ids], device=self.device), past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)
         return _Continuation(len(ids), tokens, cache)
 
     @torch.inference_mode()
