@@ -286,6 +286,58 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a draft head: data -> features -> Accelerate training (resumable at every stage)."""
+    from pathlib import Path
+
+    from .train.pipeline import DataOptions, prepare_examples
+    from .train.trainer import TrainOptions
+
+    if args.objective not in ("eagle", "hass"):
+        raise SelfspecError(f"--objective must be eagle or hass, not {args.objective!r}")
+    passes = args.passes if args.passes is not None else (1 if args.objective == "eagle" else 3)
+    topk_w = args.topk_weight if args.topk_weight is not None else (0.0 if args.objective == "eagle" else 1.0)
+    opts = TrainOptions(objective=args.objective, passes=passes, topk=args.topk, topk_weight=topk_w,
+                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=args.noise,
+                        seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "")
+    if passes < 1 or args.topk < 1 or topk_w < 0 or args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
+        raise SelfspecError("train needs --passes >= 1, --topk >= 1, --topk-weight >= 0, --epochs >= 1, --lr > 0 "
+                            "and --batch-size >= 1")
+    data = DataOptions(data=args.data, max_len=args.max_len, regenerate=args.regenerate, seed=args.data_seed)
+    if args.max_len < 8:
+        raise SelfspecError("--max-len must be at least 8")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from accelerate import Accelerator
+
+    from .models.loading import load_model
+    from .train.features import extract_features, read_sequences
+    from .train.trainer import train_head
+
+    out = Path(args.out)
+    feat_dir = Path(args.features) if args.features else out / "features"
+    acc = Accelerator(cpu=args.device == "cpu")
+    target = load_model(args.model, acc.device if args.device != "cpu" else "cpu", "float32", args.trust_remote_code)
+    if acc.is_main_process:
+        examples = prepare_examples(target.model, target.tokenizer, data, feat_dir, not args.no_progress)
+        extract_features(target.model, examples, feat_dir, {"model": target.name, **data.__dict__},
+                         progress=not args.no_progress)
+    acc.wait_for_everyone()
+    seqs = list(read_sequences(feat_dir))
+    meta = {"target": target.name, "data": data.__dict__, "sequences": len(seqs),
+            "tokens": int(sum(s.input_ids.numel() for s in seqs))}
+    res = train_head(target.model, seqs, out, opts, meta, resume=args.resume, progress=not args.no_progress,
+                     accelerator=acc)
+    if acc.is_main_process:
+        accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(1, passes + 1) if f"acc{j}" in res)
+        print(f"{opts.objective} head: {res['steps']} steps on {meta['tokens']} tokens ({len(seqs)} sequences); "
+              f"validation top-1 agreement by drafting step: {accs or 'n/a'}")
+        print(f"head: {out}   (use: --method {'eagle2' if opts.objective == 'eagle' else 'hass'} --head {out})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="selfspec", description="Lossless speculative decoding on Hugging Face models.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -348,6 +400,40 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.set_defaults(func=cmd_tune)
+
+    tr = sub.add_parser("train", help="train a draft head (hass: EAGLE / HASS objectives) with Accelerate")
+    tr.add_argument("what", choices=["hass"], help="hass: an EAGLE draft head (EAGLE or HASS objective)")
+    tr.add_argument("--model", required=True, help="target: bundled name, local HF directory, .gguf file or hub id")
+    tr.add_argument("--out", required=True, help="output directory (the head; also features/ and train/ inside)")
+    tr.add_argument("--data", default="sharegpt:224,sharegpt-answers:300,code:60",
+                    help="comma-separated sources: sharegpt[:N] (answers regenerated with --regenerate), "
+                         "sharegpt-answers[:N] (ShareGPT's answers kept), code[:N] (Python stdlib), or a JSONL file "
+                         "of conversations (default sharegpt:224,sharegpt-answers:300,code:60); evaluation prompts "
+                         "are always excluded")
+    tr.add_argument("--max-len", type=int, default=512, help="tokens per example at most (default 512)")
+    tr.add_argument("--regenerate", type=int, default=0,
+                    help="self-distillation: answer the ShareGPT prompts with the target (at most N tokens) and "
+                         "train on its answers (default 0 = ShareGPT's answers)")
+    tr.add_argument("--features", default=None,
+                    help="feature cache directory (default OUT/features); share it between heads for ablations")
+    tr.add_argument("--objective", default="hass", help="eagle (passes 1, no top-K loss) or hass (default)")
+    tr.add_argument("--passes", type=int, default=None, help="HCA alignment passes (default: eagle 1, hass 3)")
+    tr.add_argument("--topk", type=int, default=10, help="K of the top-K distillation loss (default 10)")
+    tr.add_argument("--topk-weight", type=float, default=None, help="its weight (default: eagle 0, hass 1)")
+    tr.add_argument("--epochs", type=int, default=2, help="epochs (default 2)")
+    tr.add_argument("--lr", type=float, default=3e-4, help="AdamW peak learning rate (default 3e-4)")
+    tr.add_argument("--batch-size", type=int, default=4, help="sequences per process and step (default 4)")
+    tr.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features (default 0.1)")
+    tr.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
+    tr.add_argument("--seed", type=int, default=0, help="training seed (order, noise, init)")
+    tr.add_argument("--data-seed", type=int, default=42, help="data shuffling seed")
+    tr.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
+    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
+    tr.add_argument("--device", default="cpu", help="cpu (default) or cuda; under accelerate launch: the process's")
+    tr.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
+    tr.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tr.set_defaults(func=cmd_train)
 
     b = sub.add_parser("bench", help="measure methods and peers against ar on a prompt set")
     from .bench.runner import add_bench_args

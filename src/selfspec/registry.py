@@ -10,6 +10,7 @@ from .core.cost import load_or_measure
 from .drafters.base import Drafter, NullDrafter
 from .drafters.budget import ChainBudget
 from .drafters.draft_model import DraftModelConfig, DraftModelDrafter, check_same_tokenizer
+from .drafters.eagle import EagleConfig, EagleDrafter
 from .drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter
 from .drafters.self_spec import DRAFT_EXITS, SelfSpecConfig, SelfSpecDrafter
 from .drafters.skip_config import GammaSettings, find
@@ -123,6 +124,39 @@ def _build_self_spec(target: LoadedModel, cfg: SelfSpecConfig, ctx: BuildContext
                            source)
 
 
+def _head(target: LoadedModel, cfg: EagleConfig, method: str):
+    """The head of ``eagle2`` / ``hass``: ``cfg.head`` (a directory, or ``random`` for an untrained
+    head: tests and lower bounds), else the trained one in ``$SELFSPEC_HOME/heads``."""
+    import torch
+
+    from .heads import default_head_dir
+    from .heads.eagle import EagleHead, load_head
+
+    if cfg.head.startswith("random"):
+        seed = int(cfg.head.partition(":")[2] or 0)
+        torch.manual_seed(seed)
+        return EagleHead(target.model).eval(), f"random:{seed}"
+    path = cfg.head or str(default_head_dir(target.name, method))
+    if not cfg.head and not default_head_dir(target.name, method).is_dir():
+        raise SelfspecError(
+            f"no trained {method} head for model '{target.name}': train one with `bash scripts/train_hass.sh` "
+            f"(or `selfspec train hass --model {target.name} --out DIR`) and pass head=DIR (--head DIR)")
+    head, _ = load_head(path, target.model)
+    return head, path
+
+
+def _build_eagle(method: str):
+    def build(target: LoadedModel, cfg: EagleConfig, ctx: BuildContext) -> Drafter:
+        if cfg.top_k < 1 or cfg.depth < 0 or cfg.total_tokens < 0 or cfg.max_tokens < 2:
+            raise SelfspecError(f"{method} needs top_k >= 1, depth >= 0, total_tokens >= 0 and max_tokens >= 2")
+        if not 0.0 <= cfg.min_prob < 1.0:
+            raise SelfspecError(f"{method} needs 0 <= min_prob < 1")
+        head, source = _head(target, cfg, method)
+        profile = None if cfg.total_tokens else load_or_measure(target.model, target.name, target.backend)
+        return EagleDrafter(method, target.model, head, cfg, profile, source)
+    return build
+
+
 METHODS: dict[str, MethodSpec] = {
     "ar": MethodSpec(NoOptions, _build_ar, True, "plain autoregressive decoding on the same loop (the baseline)"),
     "pld": MethodSpec(PromptLookupConfig, _build_pld, True, "prompt lookup: drafts copied from earlier text"),
@@ -130,6 +164,10 @@ METHODS: dict[str, MethodSpec] = {
                               "a smaller model with the same tokenizer drafts (--draft-model)"),
     "self-spec": MethodSpec(SelfSpecConfig, _build_self_spec, True,
                             "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)"),
+    "eagle2": MethodSpec(EagleConfig, _build_eagle("eagle2"), True,
+                         "EAGLE-2: a one-layer draft head (EAGLE-trained) expands a dynamic draft tree (--head)"),
+    "hass": MethodSpec(EagleConfig, _build_eagle("hass"), True,
+                       "HASS: EAGLE-2 trees from a head trained with harmonized objectives (--head)"),
 }
 
 

@@ -1,0 +1,241 @@
+"""``eagle2`` / ``hass``: a trained EAGLE draft head expands an EAGLE-2 dynamic tree.
+
+One drafter, two default heads (EAGLE-trained for ``eagle2``, HASS-trained for ``hass``).
+
+Each step:
+
+1. *Catch-up*: the head encodes the committed positions it has not seen, pairing each true target
+   feature ``f_p`` (post-norm last hidden state, returned by the verify forward) with the token
+   ``x_{p+1}``; these entries form the head's *stable* cache. The last output estimates the feature
+   after the pending token.
+2. *Expansion* (EAGLE-2): the top-k children of the root by draft log-probability; then, up to
+   ``depth`` times, the current k frontier nodes are run through the head (each with its
+   parent's output feature), each gets its top-k children scored by cumulative log-probability,
+   and the global top-k become the next frontier. Expansion KV is written after the stable cache
+   (each node sees the context plus its ancestors) and truncated away afterwards.
+3. *Rerank*: the best nodes by cumulative score (ties broken so a node ranks after its
+   ancestors; the chosen set is parent-closed, asserted) form the tree, sized by the measured
+   verify-cost profile: the tree size maximises expected committed tokens (1 + the sum of the
+   chosen nodes' draft path probabilities) per second of drafting plus verification.
+
+Drafts are deterministic (top-k), so the loop's acceptance rule treats each as ``q = one-hot``:
+greedy follows the target argmax, sampling accepts sibling x with probability ``p(x)`` and
+renormalises ``p`` without it (lossless; see ``core/acceptance.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..core import kv_cache
+from ..core.acceptance import Verdict
+from ..core.cost import CostProfile
+from ..core.tree import DraftTree
+from ..decoding.state import DecodeState, VerifyOutput
+from ..heads.eagle import EagleHead
+from .base import Proposal
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """Options of ``eagle2`` and ``hass``.
+
+    Attributes:
+        head: directory of a trained head; empty = the trained head for the model under
+            ``$SELFSPEC_HOME/heads/<model>-<method>`` (made by ``scripts/train_hass.sh``).
+        top_k: children per expanded node, and frontier width (EAGLE-2: 10).
+        depth: expansion rounds after the first level, so paths hold up to ``depth + 1`` drafted
+            tokens (EAGLE-2 code: 5, "depth 6" in the paper).
+        total_tokens: tree size including the root (EAGLE-2: 60); 0 = from the verify-cost profile
+            each step (at most ``max_tokens``).
+        max_tokens: largest tree considered when ``total_tokens`` is 0.
+        min_prob: stop expanding once no frontier path has draft probability above this.
+    """
+
+    head: str = ""
+    top_k: int = 10
+    depth: int = 5
+    total_tokens: int = 0
+    max_tokens: int = 64
+    min_prob: float = 0.02
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Every scored candidate of one expansion, in breadth-first order.
+
+    Attributes:
+        scores: ``[P]`` cumulative draft log-probability of each candidate's path.
+        tokens: ``[P]`` int64 token ids.
+        parents: ``[P]`` int64 pool index of the parent, -1 for children of the root.
+    """
+
+    scores: torch.Tensor
+    tokens: torch.Tensor
+    parents: torch.Tensor
+
+
+def rerank(pool: Pool, pending: int, n: int) -> tuple[DraftTree, torch.Tensor]:
+    """The tree of the root plus the ``n`` best pool nodes.
+
+    Ties are broken by pool index, and a child never scores above its parent, so the chosen set
+    is parent-closed (asserted).
+
+    Returns:
+        the tree and ``[n]`` the chosen pool indices in tree order (node ``i + 1``).
+    """
+    order = sorted(range(pool.scores.numel()), key=lambda i: (-float(pool.scores[i]), i))
+    chosen = sorted(order[:n])
+    where = {p: t + 1 for t, p in enumerate(chosen)}
+    parents = [-1]
+    for p in chosen:
+        par = int(pool.parents[p])
+        if par >= 0 and par not in where:
+            raise AssertionError("EAGLE-2 rerank: a chosen node's parent was not chosen")
+        parents.append(0 if par < 0 else where[par])
+    idx = torch.tensor(chosen, dtype=torch.long)
+    tokens = torch.cat([torch.tensor([pending]), pool.tokens[idx]])
+    return DraftTree(tokens, torch.tensor(parents, dtype=torch.long)), idx
+
+
+def best_size(path_probs: torch.Tensor, draft_s: float, profile: CostProfile | None, max_tokens: int) -> int:
+    """Drafted nodes to verify: maximise (1 + sum of the n best path probabilities) / (draft time
+    + T(n + 1)). Path probabilities of the draft stand in for acceptance probabilities (EAGLE-2's
+    observation that draft confidence tracks acceptance); without a profile: ``max_tokens - 1``."""
+    cap = min(int(path_probs.numel()), max_tokens - 1)
+    if profile is None:
+        return cap
+    best_n, best_rate = 0, 1.0 / (draft_s + profile.t1)
+    gains = torch.sort(path_probs, descending=True).values.cumsum(0).tolist()
+    for n in range(1, cap + 1):
+        rate = (1.0 + gains[n - 1]) / (draft_s + profile.t1 * profile.ratio(n + 1))
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n
+
+
+class EagleDrafter:
+    """EAGLE-2 dynamic-tree drafting with a one-layer head (see module docstring)."""
+
+    lossless = True
+    needs_hidden = True
+
+    def __init__(self, name: str, target: torch.nn.Module, head: EagleHead, cfg: EagleConfig,
+                 profile: CostProfile | None, source: str = "") -> None:
+        """
+        Args:
+            name: ``eagle2`` or ``hass`` (reports only).
+            target: the stock HF target (its embedding and LM head are used, frozen).
+            head: the draft head, same device and dtype as the target.
+            cfg: tree settings.
+            profile: the target's measured verify-cost profile (sizes the tree when
+                ``cfg.total_tokens`` is 0).
+            source: where the head came from (reports).
+        """
+        self.name = name
+        self.head = head
+        self.cfg = cfg
+        self.profile = profile
+        self.source = source
+        self.embed = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        self.device = next(head.parameters()).device
+        self.dtype = next(head.parameters()).dtype
+        self.cache = kv_cache.new_cache(head.config)
+        self.length = 0  # draft positions in the stable cache
+        self.features: torch.Tensor | None = None  # [m, H] true features of positions not yet encoded
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
+        self.cache = kv_cache.new_cache(self.head.config)
+        self.length = 0
+        self.features = out.hidden[-1].to(self.dtype)  # [P, H]: positions 0..P-1 of the prompt
+
+    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
+        idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
+        new = out.hidden[-1].index_select(0, idx).to(self.dtype)  # root + accepted drafts
+        self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
+
+    # -- drafting ------------------------------------------------------------------------------
+
+    def _run(self, feats: torch.Tensor, toks: torch.Tensor, positions: torch.Tensor, block: torch.Tensor
+             ) -> torch.Tensor:
+        """Head over T new entries after the cache; ``block`` ``[T, T]`` bool visibility among them.
+        Returns ``[T, H]`` outputs; their KV is appended to the cache."""
+        base = kv_cache.cache_length(self.cache)
+        t = feats.shape[0]
+        mask = torch.ones(t, base + t, dtype=torch.bool, device=self.device)
+        mask[:, base:] = block
+        out = self.head(feats[None], self.embed(toks.to(self.device))[None], positions.to(self.device)[None],
+                        mask[None, None], self.cache)
+        return out[0]
+
+    def _logprobs(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.lm_head(h).float(), dim=-1)
+
+    def catch_up(self, ids: list[int]) -> torch.Tensor:
+        """Encode the committed positions the head has not seen; returns the last output ``[H]``
+        (the estimated feature after the pending token ``ids[-1]``)."""
+        n = len(ids) - 1  # positions with a true feature: 0 .. n-1, paired with ids[1..n]
+        m = n - self.length
+        if self.features is None or self.features.shape[0] != m or m < 1:
+            raise RuntimeError(f"{self.name}: {0 if self.features is None else self.features.shape[0]} pending "
+                               f"features for {m} new positions")
+        toks = torch.tensor(ids[self.length + 1 : n + 1], dtype=torch.long)
+        pos = torch.arange(self.length, n)
+        block = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
+        out = self._run(self.features.to(self.device), toks, pos, block)
+        self.length = n
+        self.features = self.features[:0]
+        return out[-1]
+
+    def expand(self, h_last: torch.Tensor, position: int) -> Pool:
+        """EAGLE-2 expansion from the root's estimated feature ``h_last`` (``[H]``); the
+        depth-1 nodes sit at draft position ``position``."""
+        k, cfg = self.cfg.top_k, self.cfg
+        lp = self._logprobs(h_last[None])[0]
+        s1, tok1 = torch.topk(lp, k)
+        scores, tokens, parents = [s1], [tok1], [torch.full((k,), -1, dtype=torch.long)]
+        f_score, f_tok, f_ids = s1, tok1, torch.arange(k)
+        f_feat = h_last[None].expand(k, -1)
+        tmask = torch.eye(k, dtype=torch.bool, device=self.device)
+        size = k
+        for _ in range(cfg.depth):
+            if math.exp(float(f_score.max())) < cfg.min_prob:
+                break
+            out = self._run(f_feat, f_tok, torch.full((k,), position), tmask)
+            position += 1
+            clp, ctok = torch.topk(self._logprobs(out), k, dim=-1)  # [k, k]
+            cum = (f_score[:, None] + clp).flatten()
+            scores.append(cum)
+            tokens.append(ctok.flatten())
+            parents.append(f_ids.repeat_interleave(k))
+            f_score, sel = torch.topk(cum, k)
+            u = sel // k
+            f_feat, f_tok = out[u], ctok.flatten()[sel]
+            f_ids = size + sel
+            size += k * k
+            tmask = torch.cat([tmask[u], torch.eye(k, dtype=torch.bool, device=self.device)], dim=1)
+        return Pool(torch.cat(scores).float().cpu(), torch.cat(tokens).cpu(), torch.cat(parents))
+
+    def propose(self, state: DecodeState) -> Proposal:
+        if state.draft_room == 0:
+            return Proposal(DraftTree.chain([state.pending]))
+        t0 = time.perf_counter()
+        h_last = self.catch_up(state.ids)
+        pool = self.expand(h_last, self.length)
+        kv_cache.truncate(self.cache, self.length)
+        if self.cfg.total_tokens:
+            n = self.cfg.total_tokens - 1
+        else:
+            n = best_size(pool.scores.exp(), time.perf_counter() - t0, self.profile, self.cfg.max_tokens)
+        n = min(n, pool.scores.numel())
+        if n == 0:
+            return Proposal(DraftTree.chain([state.pending]))
+        tree, _ = rerank(pool, state.pending, n)
+        return Proposal(tree)

@@ -1,0 +1,166 @@
+"""The EAGLE draft head: ``fc([E(x_{i+1}); f_i])`` into one decoder layer of the target's family.
+
+Index alignment (the most common source of bugs, see ``docs/methods/hass.md``): draft position
+``i`` consumes the target feature ``f_i`` (the target's last hidden state *after* its final norm,
+i.e. the LM-head input) and the token ``x_{i+1}`` that followed it; its output ``f̂_{i+1}``
+estimates the target feature at ``i + 1``, and ``lm_head(f̂_{i+1})`` predicts ``x_{i+2}``.
+
+The head owns only ``fc`` and the decoder layer (a stock ``transformers`` layer class of the
+target's family, with its input norm replaced by identity, as in EAGLE); the target's embedding
+and LM head are shared and frozen, so they are passed in by the caller and never saved.
+
+Files of a saved head (directory): ``model.safetensors`` (``fc.*``, ``layers.0.*``), ``config.json``
+(the target's config with ``num_hidden_layers = 1`` and ``bias``), ``selfspec_head.json`` (format,
+method, target name and architecture hash, training settings and metrics).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import SelfspecError
+from ..models.skipping import decoder_layers
+
+HEAD_FORMAT = "selfspec-eagle-head/1"
+META_FILE = "selfspec_head.json"
+WEIGHTS_FILE = "model.safetensors"
+ARCH_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+             "vocab_size", "rope_theta", "head_dim")
+
+
+def _rotary_of(model: nn.Module) -> nn.Module:
+    base = getattr(model, "model", model)
+    rot = getattr(base, "rotary_emb", None)
+    if rot is None:
+        raise SelfspecError(f"{type(model).__name__} has no rotary embedding module; EAGLE heads support "
+                            "RoPE decoders (Llama, Qwen2, Mistral families)")
+    return rot
+
+
+def arch_hash(config) -> str:
+    """The architecture fields a head depends on, as a short string (stored with the head)."""
+    d = config.to_dict()
+    return json.dumps({k: d.get(k) for k in ARCH_KEYS}, sort_keys=True)
+
+
+class EagleHead(nn.Module):
+    """One-layer EAGLE draft head for a given target.
+
+    Attributes:
+        config: the target's config with one hidden layer (and ``bias`` for ``fc``).
+        fc: ``Linear(2H -> H)`` over ``[token embedding; feature]`` (that order).
+        layers: one stock decoder layer of the target's family, input norm = identity.
+        rotary_emb: the target family's rotary embedding (no weights).
+    """
+
+    def __init__(self, target: nn.Module, bias: bool = True) -> None:
+        super().__init__()
+        layer_cls = type(decoder_layers(target)[0])
+        rot_cls = type(_rotary_of(target))
+        cfg = copy.deepcopy(target.config)
+        cfg.num_hidden_layers = 1
+        cfg.bias = bias
+        cfg.use_cache = True
+        cfg._attn_implementation = "sdpa"
+        if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
+            cfg.layer_types = cfg.layer_types[:1]
+        self.config = cfg
+        h = cfg.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=bias)
+        layer = layer_cls(cfg, layer_idx=0)
+        layer.input_layernorm = nn.Identity()
+        self.layers = nn.ModuleList([layer])
+        self.rotary_emb = rot_cls(config=cfg)
+        p = next(target.parameters())
+        self.to(device=p.device, dtype=p.dtype)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def project(self, features: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
+        """``fc([E(x); f])``: ``[B, T, H]`` x2 -> ``[B, T, H]``."""
+        return self.fc(torch.cat([token_embeds.to(features.dtype), features], dim=-1))
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        token_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache=None,
+    ) -> torch.Tensor:
+        """Run the head over T new draft positions.
+
+        Args:
+            features: ``[B, T, H]`` feature of each position (target feature or a draft output).
+            token_embeds: ``[B, T, H]`` target embedding of the token that followed it.
+            positions: ``[B, T]`` int64 RoPE positions (the index of the paired feature).
+            mask: ``[B, 1, T, S]`` bool, True = attend, over the ``S - T`` cached positions
+                followed by the T new ones.
+            cache: a ``DynamicCache`` with one layer (appended to), or None.
+
+        Returns:
+            ``[B, T, H]`` predicted next features ``f̂``.
+        """
+        return self.layer_forward(self.project(features, token_embeds), positions, mask, cache)
+
+    def layer_forward(self, h: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache=None) -> torch.Tensor:
+        """The decoder layer on already projected inputs ``h`` (``[B, T, H]``)."""
+        pe = self.rotary_emb(h, position_ids=positions)
+        return self.layers[0](h, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                              use_cache=cache is not None, position_embeddings=pe)
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def save(self, out: Path | str, meta: dict) -> Path:
+        """Write ``model.safetensors``, ``config.json`` and ``selfspec_head.json`` into ``out``."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+        cfg = self.config.to_dict()
+        cfg.pop("_attn_implementation_autoset", None)
+        (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+        full = {"format": HEAD_FORMAT, "arch": arch_hash(self.config), "bias": self.fc.bias is not None, **meta}
+        (out / META_FILE).write_text(json.dumps(full, indent=2) + "\n")
+        return out
+
+
+def read_meta(path: Path | str) -> dict:
+    """The head's ``selfspec_head.json``; one-line errors for a missing or foreign directory."""
+    path = Path(path)
+    f = path / META_FILE
+    if not f.is_file():
+        raise SelfspecError(f"{path} is not a selfspec draft head (no {META_FILE}); train one with "
+                            "`selfspec train hass --model MODEL --out DIR`")
+    try:
+        meta = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise SelfspecError(f"{f} is not valid JSON ({e.msg}); retrain or restore the head") from e
+    if meta.get("format") != HEAD_FORMAT:
+        raise SelfspecError(f"{f} has format {meta.get('format')!r}, expected {HEAD_FORMAT!r}")
+    return meta
+
+
+def load_head(path: Path | str, target: nn.Module) -> tuple[EagleHead, dict]:
+    """Load a saved head for ``target``; refuses a head trained for another architecture."""
+    path = Path(path)
+    meta = read_meta(path)
+    if meta["arch"] != arch_hash(target.config):
+        raise SelfspecError(f"draft head {path} was trained for another architecture "
+                            f"(target '{meta.get('target', '?')}'); train one for this model")
+    head = EagleHead(target, bias=bool(meta.get("bias", True)))
+    state = load_file(str(path / WEIGHTS_FILE))
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SelfspecError(f"draft head {path} does not match its config (missing {missing[:2]}, "
+                            f"unexpected {unexpected[:2]})")
+    head.eval()
+    return head, meta
