@@ -58,6 +58,13 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
     p.add_argument("--draft-exit", default=None, choices=["cost", "gamma"],
                    help="self-spec: stop drafting by the measured cost budget (default) or the paper's "
                         "adaptive confidence threshold gamma")
+    p.add_argument("--head", default=None,
+                   help="eagle2/hass: draft head directory (default: the trained one in $SELFSPEC_HOME/heads, "
+                        "see scripts/train_hass.sh)")
+    p.add_argument("--tree-tokens", type=int, default=None,
+                   help="eagle2/hass: tree size incl. the root (default: sized each step from the verify-cost profile)")
+    p.add_argument("--tree-top-k", type=int, default=None, help="eagle2/hass: children per expanded node (default 10)")
+    p.add_argument("--tree-depth", type=int, default=None, help="eagle2/hass: expansion rounds (default 5)")
     p.add_argument("--k", type=int, default=None, help="draft length (fixed unless --auto-k is kept on)")
     p.add_argument("--fixed-k", action="store_true", help="use --k as a fixed draft length instead of the cost profile")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
@@ -95,6 +102,13 @@ def method_options(args: argparse.Namespace, method: str, strict: bool = True) -
             opts["draft_exit"] = args.draft_exit
     elif (getattr(args, "skip_config", None) or getattr(args, "draft_exit", None)) and strict:
         raise SelfspecError(f"--skip-config/--draft-exit are only used by --method self-spec, not {method}")
+    tree = {"head": getattr(args, "head", None), "total_tokens": getattr(args, "tree_tokens", None),
+            "top_k": getattr(args, "tree_top_k", None), "depth": getattr(args, "tree_depth", None)}
+    if method in ("eagle2", "hass"):
+        opts.update({k: v for k, v in tree.items() if v is not None})
+    elif any(v is not None for v in tree.values()) and strict:
+        raise SelfspecError(f"--head/--tree-tokens/--tree-top-k/--tree-depth are only used by eagle2 and hass, "
+                            f"not {method}")
     if method in ("pld", "draft-model", "self-spec"):
         if args.k is not None:
             opts["k"] = args.k
@@ -338,6 +352,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a trained head in the EAGLE checkpoint layout (vLLM / SGLang EAGLE drafts)."""
+    from .heads.export import export_eagle
+    from .models.loading import load_model
+
+    target = load_model(args.model, "cpu", "float32", args.trust_remote_code)
+    out = export_eagle(args.head_dir, target.model, args.out, args.with_embeddings)
+    print(f"EAGLE-layout head: {out} (model.safetensors, config.json); tensor names in docs/methods/hass.md")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="selfspec", description="Lossless speculative decoding on Hugging Face models.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -434,6 +459,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     tr.add_argument("--no-progress", action="store_true", help="no progress bars")
     tr.set_defaults(func=cmd_train)
+
+    ex = sub.add_parser("export", help="export a trained draft head to the EAGLE layout (vLLM / SGLang)")
+    ex.add_argument("head_dir", help="a head trained by selfspec train hass")
+    ex.add_argument("--model", required=True, help="its target model (for the shared embedding and checks)")
+    ex.add_argument("--out", required=True, help="output directory")
+    ex.add_argument("--with-embeddings", action="store_true",
+                    help="also write embed_tokens.weight (engines that do not share the target's)")
+    ex.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
+    ex.set_defaults(func=cmd_export)
 
     b = sub.add_parser("bench", help="measure methods and peers against ar on a prompt set")
     from .bench.runner import add_bench_args

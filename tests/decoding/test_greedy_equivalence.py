@@ -152,15 +152,16 @@ def test_self_spec_with_cost_budget_matches_generate(target, references):
 
 
 EAGLE_CASES = {
-    "eagle2-fixed-tree": ("eagle2", dict(head="random:0", total_tokens=10, top_k=3, depth=3)),
-    "hass-cost-sized-tree": ("hass", dict(head="random:1", top_k=4, depth=2)),
-    "hass-chain": ("hass", dict(head="random:2", total_tokens=4, top_k=1, depth=4)),
+    "eagle2-fixed-tree": ("eagle2", dict(head="random:0", total_tokens=10, top_k=3, depth=3, min_prob=0.0)),
+    "hass-cost-sized-tree": ("hass", dict(head="random:1", top_k=4, depth=2, min_prob=0.0)),
+    "hass-chain": ("hass", dict(head="random:2", total_tokens=4, top_k=1, depth=4, min_prob=0.0)),
 }
 
 
 @pytest.mark.parametrize("case", list(EAGLE_CASES))
 def test_eagle_heads_match_generate(target, references, case):
-    """Untrained heads: drafts are (almost) all rejected; the trees still verify losslessly."""
+    """Untrained heads: drafts are (almost) all rejected; the trees (expanded to full depth:
+    ``min_prob=0``) still verify losslessly."""
     method, opts = EAGLE_CASES[case]
     g = selfspec.load(target, method, self_test=False, **opts)
     g.drafter = InvariantChecker(g.drafter)

@@ -165,19 +165,23 @@ class EagleDrafter:
 
     def _run(self, feats: torch.Tensor, toks: torch.Tensor, positions: torch.Tensor, block: torch.Tensor
              ) -> torch.Tensor:
-        """Head over T new entries after the cache; ``block`` ``[T, T]`` bool visibility among them.
-        Returns ``[T, H]`` outputs; their KV is appended to the cache."""
+        """Head over T new entries after the cache. Every entry sees the stable cache; ``block``
+        (``[T, E + T]`` bool) says which expansion entries already cached (E) and which new ones
+        it sees. Returns ``[T, H]`` outputs; their KV is appended to the cache."""
         base = kv_cache.cache_length(self.cache)
         t = feats.shape[0]
         mask = torch.ones(t, base + t, dtype=torch.bool, device=self.device)
-        mask[:, base:] = block
+        mask[:, self.length :] = block
         out = self.head(feats[None], self.embed(toks.to(self.device))[None], positions.to(self.device)[None],
                         mask[None, None], self.cache)
         return out[0]
 
     def _logprobs(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.lm_head(h).float(), dim=-1)
+        """Draft log-probabilities ``[T, V]``, at least fp32 (fp64 heads stay fp64)."""
+        logits = self.lm_head(h)
+        return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
 
+    @torch.no_grad()
     def catch_up(self, ids: list[int]) -> torch.Tensor:
         """Encode the committed positions the head has not seen; returns the last output ``[H]``
         (the estimated feature after the pending token ``ids[-1]``)."""
@@ -189,11 +193,12 @@ class EagleDrafter:
         toks = torch.tensor(ids[self.length + 1 : n + 1], dtype=torch.long)
         pos = torch.arange(self.length, n)
         block = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
-        out = self._run(self.features.to(self.device), toks, pos, block)
+        out = self._run(self.features.to(self.device), toks, pos, block)  # stable cache: self.length = base
         self.length = n
         self.features = self.features[:0]
         return out[-1]
 
+    @torch.no_grad()
     def expand(self, h_last: torch.Tensor, position: int) -> Pool:
         """EAGLE-2 expansion from the root's estimated feature ``h_last`` (``[H]``); the
         depth-1 nodes sit at draft position ``position``."""
@@ -221,7 +226,7 @@ class EagleDrafter:
             f_ids = size + sel
             size += k * k
             tmask = torch.cat([tmask[u], torch.eye(k, dtype=torch.bool, device=self.device)], dim=1)
-        return Pool(torch.cat(scores).float().cpu(), torch.cat(tokens).cpu(), torch.cat(parents))
+        return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents))
 
     def propose(self, state: DecodeState) -> Proposal:
         if state.draft_room == 0:

@@ -1,0 +1,108 @@
+"""EAGLE-2 tree construction: rerank invariants, path scores equal sequential draft log-probs,
+the expansion masks, the tree-size rule, and the head's stable cache after decoding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import selfspec
+from selfspec.core import kv_cache
+from selfspec.core.cost import CostProfile
+from selfspec.drafters.eagle import Pool, best_size, rerank
+from selfspec.models.loading import load_model
+
+from ..conftest import prompt_ids
+
+
+def test_rerank_builds_a_parent_closed_tree_with_ancestor_masks():
+    # root children 0,1 ; 0's children 2,3 ; 1's children 4,5 ; 2's children 6,7
+    scores = torch.tensor([-0.1, -0.5, -0.3, -2.0, -0.9, -0.6, -0.35, -3.0])
+    parents = torch.tensor([-1, -1, 0, 0, 1, 1, 2, 2])
+    tokens = torch.tensor([10, 11, 12, 13, 14, 15, 16, 17])
+    tree, idx = rerank(Pool(scores, tokens, parents), pending=99, n=5)
+    assert idx.tolist() == [0, 1, 2, 5, 6]  # the 5 best, in pool order
+    assert tree.token_list == [99, 10, 11, 12, 15, 16]
+    assert tree.parent_list == [-1, 0, 0, 1, 2, 3]
+    assert tree.depths.tolist() == [0, 1, 1, 2, 2, 3]
+    m = tree.ancestor_mask
+    assert m[:, 0].all() and m[5].tolist() == [True, True, False, True, False, True]
+    assert sorted(len(p) for p in tree.paths) == [3, 4]
+
+
+def test_rerank_ties_rank_ancestors_first_and_closure_is_asserted():
+    scores = torch.tensor([-1.0, -1.0, -1.0])  # a child tying its parent: the parent (lower index) wins
+    tree, _ = rerank(Pool(scores, torch.tensor([5, 6, 7]), torch.tensor([-1, 0, 1])), 1, n=2)
+    assert tree.parent_list == [-1, 0, 1]
+    bad = Pool(torch.tensor([-2.0, -1.0]), torch.tensor([5, 6]), torch.tensor([-1, 0]))  # child above parent
+    with pytest.raises(AssertionError, match="parent"):
+        rerank(bad, 1, n=1)
+
+
+def test_best_size_follows_the_cost_profile():
+    probs = torch.tensor([0.9, 0.8, 0.5, 0.05, 0.01])
+    flat = CostProfile(qs=(1, 2, 4, 8), seconds=(1.0, 1.0, 1.0, 1.0), key="t", context=0)
+    steep = CostProfile(qs=(1, 2, 4, 8), seconds=(1.0, 2.0, 4.0, 8.0), key="t", context=0)
+    assert best_size(probs, 0.1, flat, 64) == 5  # verification is free: take everything
+    assert best_size(probs, 0.1, steep, 64) == 0  # each node costs a full forward: not worth it
+    assert best_size(probs, 0.1, None, 4) == 3
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_dir):
+    t = load_model(str(tiny_dir))
+    t.model.double()
+    return selfspec.load(t, "hass", head="random:3", total_tokens=9, top_k=3, depth=3, min_prob=0.0,
+                         self_test=False)
+
+
+def test_pool_scores_are_sequential_draft_log_probs(generator):
+    d = generator.drafter
+    ids = prompt_ids(5, 11)
+    target = generator.target.model
+    with torch.no_grad():
+        feats = target.model(input_ids=torch.tensor([ids[:-1]])).last_hidden_state[0]
+    d.cache, d.length, d.features = kv_cache.new_cache(d.head.config), 0, feats.to(d.dtype)
+    h_last = d.catch_up(ids)
+    pool = d.expand(h_last, d.length)
+    kv_cache.truncate(d.cache, d.length)
+    stable = kv_cache.cache_length(d.cache)
+    assert stable == len(ids) - 1
+    lm, emb = d.lm_head, d.embed
+    for i in range(pool.scores.numel()):
+        chain = [i]
+        while int(pool.parents[chain[-1]]) >= 0:
+            chain.append(int(pool.parents[chain[-1]]))
+        chain.reverse()
+        # sequential: each node's parent output and token, one position after another
+        h, total = h_last, 0.0
+        for depth, node in enumerate(chain):
+            lp = torch.log_softmax(lm(h[None]).double(), -1)[0]
+            tok = int(pool.tokens[node])
+            total += float(lp[tok])
+            if depth + 1 < len(chain):
+                pos = stable + depth
+                mask = torch.ones(1, 1, 1, pos + 1, dtype=torch.bool)
+                h = d.head(h[None, None], emb(torch.tensor([[tok]])).double(), torch.tensor([[pos]]), mask,
+                           d.cache)[0, 0]
+        kv_cache.truncate(d.cache, stable)
+        assert math.isclose(total, float(pool.scores[i]), rel_tol=1e-9, abs_tol=1e-9), i
+
+
+def test_stable_cache_equals_a_from_scratch_head_forward(generator):
+    d = generator.drafter
+    ids = prompt_ids(7, 9)
+    r = generator.generate(ids, max_new_tokens=12)
+    full = ids + r.token_ids  # the last one is pending (committed text, no feature yet)
+    n = d.length
+    assert 0 < n <= len(full) - 2  # what the last proposal had encoded (its verify committed more)
+    with torch.no_grad():
+        feats = generator.target.model.model(input_ids=torch.tensor([full[: n]])).last_hidden_state
+        cache = kv_cache.new_cache(d.head.config)
+        mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        d.head(feats, d.embed(torch.tensor([full[1 : n + 1]])).double(), torch.arange(n)[None], mask, cache)
+    got, want = d.cache.layers[0], cache.layers[0]
+    assert torch.allclose(got.keys[..., :n, :], want.keys, atol=1e-9)
+    assert torch.allclose(got.values[..., :n, :], want.values, atol=1e-9)

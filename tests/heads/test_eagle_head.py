@@ -1,0 +1,72 @@
+"""The EAGLE head's files: save/load round trip, refusal of a head for another architecture, and
+the export to the EAGLE checkpoint layout (vLLM / SGLang) and back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from selfspec.errors import SelfspecError
+from selfspec.heads.eagle import EagleHead, load_head
+from selfspec.heads.export import export_eagle, import_eagle
+
+from ..conftest import tiny_model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=4)
+
+
+@pytest.fixture
+def saved(tmp_path, target):
+    torch.manual_seed(0)
+    head = EagleHead(target)
+    head.save(tmp_path / "h", {"target": "tiny", "method": "hass"})
+    return head, tmp_path / "h"
+
+
+def outputs(head: EagleHead, target) -> torch.Tensor:
+    torch.manual_seed(1)
+    feats = torch.randn(1, 5, 64)
+    emb = target.get_input_embeddings()(torch.tensor([[4, 5, 6, 7, 8]]))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
+    with torch.no_grad():
+        return head(feats, emb, torch.arange(5)[None], mask)
+
+
+def test_save_load_round_trip(saved, target):
+    head, path = saved
+    loaded, meta = load_head(path, target)
+    assert meta["method"] == "hass" and meta["target"] == "tiny"
+    assert torch.equal(outputs(head, target), outputs(loaded, target))
+    names = set(load_file(str(path / "model.safetensors")))
+    assert "fc.weight" in names and not any("input_layernorm" in n or "embed" in n for n in names)
+    trainable = sum(p.numel() for p in head.parameters())
+    h, i = 64, 128  # fc (with bias) + attention (4 q heads, 2 kv heads of 16) + MLP + post norm
+    assert trainable == (2 * h * h + h) + (h * h + 2 * h * 32 + h * h) + 3 * h * i + h
+
+
+def test_head_for_another_architecture_is_refused(saved):
+    _, path = saved
+    other = tiny_model("qwen2", seed=1)
+    other.config.hidden_size = 64
+    other.config.intermediate_size = 256  # another shape: refused with one line
+    with pytest.raises(SelfspecError, match="another architecture"):
+        load_head(path, other)
+
+
+def test_export_to_eagle_layout_and_back(saved, target, tmp_path):
+    head, path = saved
+    out = export_eagle(path, target, tmp_path / "eagle", with_embeddings=True)
+    state = load_file(str(out / "model.safetensors"))
+    assert set(state) == {k for k in head.state_dict()} | {"embed_tokens.weight"}
+    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
+            "layers.0.post_attention_layernorm.weight"} <= set(state)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 1 and cfg["bias"] is True and cfg["architectures"] == ["LlamaForCausalLM"]
+    back = import_eagle(out, target)
+    assert torch.equal(outputs(head, target), outputs(back, target))

@@ -1,0 +1,124 @@
+"""``selfspec train hass`` end to end on a tiny model: data -> features -> training -> a head that
+decodes losslessly; resume, a 2-process ``accelerate launch`` run, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import selfspec
+import selfspec.train.pipeline as pipeline
+from selfspec.cli import main
+from selfspec.models.loading import load_model
+
+from ..conftest import WORDS
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory, tiny_dir) -> Path:
+    """Conversations whose answers are the tiny model's own greedy continuations (self-distilled),
+    so a head can learn to predict them."""
+    t = load_model(str(tiny_dir))
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("data") / "conv.jsonl"
+    with open(path, "w") as f:
+        for i in range(40):
+            prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))
+            ids = t.tokenizer(prompt, return_tensors="pt").input_ids
+            out = t.model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+            answer = t.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            f.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": prompt},
+                                                            {"role": "assistant", "content": answer}]}) + "\n")
+    return path
+
+
+def train(tiny_dir, data_file, out: Path, *extra: str) -> int:
+    return main(["train", "hass", "--model", str(tiny_dir), "--data", str(data_file), "--out", str(out),
+                 "--max-len", "48", "--batch-size", "4", "--no-progress", *extra])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_dir, data_file):
+    mp = pytest.MonkeyPatch()
+    mp.setattr(pipeline, "evaluation_prompts", lambda: ["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15"])
+    out = tmp_path_factory.mktemp("heads")
+    feats = out / "features"
+    assert train(tiny_dir, data_file, out / "hass", "--features", str(feats), "--epochs", "12", "--lr", "3e-3",
+                 "--checkpoint-every", "20") == 0
+    assert train(tiny_dir, data_file, out / "eagle", "--features", str(feats), "--objective", "eagle",
+                 "--epochs", "2", "--lr", "3e-3") == 0
+    mp.undo()
+    return out
+
+
+def test_outputs_and_metadata(trained):
+    meta = json.loads((trained / "hass" / "selfspec_head.json").read_text())
+    assert meta["method"] == "hass" and meta["options"]["passes"] == 3 and meta["options"]["topk_weight"] == 1.0
+    assert json.loads((trained / "eagle" / "selfspec_head.json").read_text())["options"]["passes"] == 1
+    assert (trained / "hass" / "train" / "loss.png").stat().st_size > 1000
+    hist = json.loads((trained / "hass" / "train" / "history.json").read_text())
+    first, last = hist["history"][0]["loss"], hist["history"][-1]["loss"]
+    assert last < first  # it learned something
+    assert set(hist["val"][-1]) >= {"acc1", "acc2", "acc3"}
+
+
+def test_trained_head_is_lossless_and_accepts_drafts(trained, tiny_dir, data_file):
+    ar = selfspec.load(str(tiny_dir), "ar", self_test=False)
+    hass = selfspec.load(str(tiny_dir), "hass", head=str(trained / "hass"), total_tokens=8, top_k=2, depth=3,
+                         self_test=False)
+    rnd = selfspec.load(str(tiny_dir), "hass", head="random:0", total_tokens=8, top_k=2, depth=3, self_test=False)
+    taus, rtaus = [], []
+    for line in data_file.read_text().splitlines()[:6]:
+        prompt = json.loads(line)["messages"][0]["content"]
+        ref = ar.generate(prompt, max_new_tokens=24)
+        r = hass.generate(prompt, max_new_tokens=24)
+        assert r.token_ids == ref.token_ids
+        taus.append(r.mean_accepted)
+        rtaus.append(rnd.generate(prompt, max_new_tokens=24).mean_accepted)
+    assert sum(taus) / len(taus) > sum(rtaus) / len(rtaus) + 0.3
+
+
+def test_resume_continues_from_the_checkpoint(trained, tiny_dir, data_file):
+    out = trained / "hass"
+    steps = json.loads((out / "train" / "history.json").read_text())["step"]
+    assert train(tiny_dir, data_file, out, "--features", str(trained / "features"), "--epochs", "12", "--lr", "3e-3",
+                 "--checkpoint-every", "20", "--resume") == 0
+    assert json.loads((out / "train" / "history.json").read_text())["step"] == steps  # nothing left to do
+    assert train(tiny_dir, data_file, out, "--features", str(trained / "features"), "--epochs", "12", "--lr", "1e-3",
+                 "--checkpoint-every", "20", "--resume") == 2  # other options: refused, one line
+
+
+def test_two_processes_with_accelerate_launch(trained, tiny_dir, data_file, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "selfspec.cli", "train", "hass", "--model", str(tiny_dir), "--data", str(data_file),
+           "--out", str(tmp_path / "ddp"), "--features", str(trained / "features"), "--max-len", "48",
+           "--batch-size", "2", "--epochs", "1", "--no-progress", "--threads", "1"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    meta = json.loads((tmp_path / "ddp" / "selfspec_head.json").read_text())
+    # 2 processes x batch 2 per step: half the steps of one process at batch 2
+    n_train = meta["sequences"] - max(1, int(meta["sequences"] * 0.05))
+    assert meta["steps"] == (n_train // 2) // 2
+    ar = selfspec.load(str(tiny_dir), "ar", self_test=False)
+    h = selfspec.load(str(tiny_dir), "hass", head=str(tmp_path / "ddp"), total_tokens=6, top_k=2, self_test=False)
+    assert h.generate("w3 w4 w5", max_new_tokens=16).token_ids == ar.generate("w3 w4 w5", max_new_tokens=16).token_ids
+
+
+def test_bad_input_is_one_line(tiny_dir, data_file, tmp_path, capsys):
+    assert train(tiny_dir, data_file, tmp_path / "x", "--objective", "medusa") == 2
+    assert "eagle or hass" in capsys.readouterr().err
+    assert main(["train", "hass", "--model", str(tiny_dir), "--data", "nosuch:3", "--out", str(tmp_path / "y"),
+                 "--no-progress"]) == 2
+    assert "neither" in capsys.readouterr().err
+    with pytest.raises(Exception, match="not a selfspec draft head"):
+        selfspec.load(str(tiny_dir), "hass", head=str(tmp_path), self_test=False)
+    torch.manual_seed(0)
