@@ -119,3 +119,30 @@ def test_smollm2_self_spec_shipped_config(smollm2, smol_refs, opts):
     assert not mismatches, f"self-spec: prompts {mismatches} differ from transformers generate"
     if opts.get("auto_k") is False:  # drafting every step: drafts were accepted
         assert sum(r.steps for r in results) < sum(r.new_tokens for r in results)
+
+
+EAGLE_PROMPTS = 4
+
+
+def test_smollm2_eagle_random_head_full_trees(smollm2, smol_refs):
+    """A random head on the real model with the paper's tree shape (fewer nodes): deep trees of
+    (mostly wrong) drafts, verified with tree masks on a real 30-layer model."""
+    prompts, refs = smol_refs
+    g = selfspec.load(smollm2, "eagle2", head="random:0", top_k=10, depth=5, total_tokens=24, min_prob=0.0,
+                      self_test=False)
+    for p, ref in zip(prompts[:EAGLE_PROMPTS], refs):
+        assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref
+
+
+@pytest.mark.parametrize("method", ["eagle2", "hass"])
+def test_smollm2_trained_heads(smollm2, smol_refs, method):
+    """The heads made by scripts/train_hass.sh, when present (not in CI: they are built, not shipped)."""
+    from selfspec.heads import default_head_dir
+
+    if not default_head_dir(smollm2.name, method).is_dir():
+        pytest.skip(f"no trained {method} head in $SELFSPEC_HOME/heads (bash scripts/train_hass.sh)")
+    prompts, refs = smol_refs
+    g = selfspec.load(smollm2, method, self_test=False)
+    results = [g.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
+    assert [r.token_ids for r in results] == refs
+    assert sum(r.new_tokens for r in results) / sum(r.steps for r in results) > 1.5  # drafts are accepted

@@ -106,3 +106,26 @@ def test_stable_cache_equals_a_from_scratch_head_forward(generator):
     got, want = d.cache.layers[0], cache.layers[0]
     assert torch.allclose(got.keys[..., :n, :], want.keys, atol=1e-9)
     assert torch.allclose(got.values[..., :n, :], want.values, atol=1e-9)
+
+
+def test_backoff_stops_drafting_when_it_does_not_pay_and_probes():
+    from selfspec.drafters.eagle import Backoff
+
+    b = Backoff(t1=1.0)
+    for _ in range(4):  # 1.5 tokens per 2 s: slower than ar (1 token/s)
+        assert b.draft_now()
+        b.record(1, 2.0) if _ % 2 else b.record(2, 2.0)
+    assert b.off
+    pattern = [b.draft_now() for _ in range(8)]
+    assert pattern == [False] * 7 + [True]  # a probe after 8 steps
+    b.record(1, 2.0)  # still does not pay: the interval doubles
+    assert b.off and b.probe_every == 16
+    for _ in range(15):
+        assert not b.draft_now()
+    assert b.draft_now()
+    for _ in range(6):
+        b.record(6, 1.0)  # now drafts pay: drafting resumes
+    assert not b.off and b.draft_now()
+    never = Backoff(t1=None)
+    never.record(1, 100.0)
+    assert never.draft_now()

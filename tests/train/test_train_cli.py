@@ -97,7 +97,8 @@ def test_resume_continues_from_the_checkpoint(trained, tiny_dir, data_file):
 
 def test_two_processes_with_accelerate_launch(trained, tiny_dir, data_file, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+    # one machine, no GPU: --multi_gpu picks the torchrun launcher; Accelerate runs MULTI_CPU (gloo)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "-m", "selfspec.cli", "train", "hass", "--model", str(tiny_dir), "--data", str(data_file),
            "--out", str(tmp_path / "ddp"), "--features", str(trained / "features"), "--max-len", "48",

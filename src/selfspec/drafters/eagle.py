@@ -11,7 +11,10 @@ Each step:
 2. *Expansion* (EAGLE-2): the top-k children of the root by draft log-probability; then, up to
    ``depth`` times, the current k frontier nodes are run through the head (each with its
    parent's output feature), each gets its top-k children scored by cumulative log-probability,
-   and the global top-k become the next frontier. Expansion KV is written after the stable cache
+   and the global top-k become the next frontier. With a cost profile, expansion also stops
+   when the next level cannot pay for itself: it adds at most the frontier's summed path
+   probability in expected tokens, worth that many ar steps T(1), against the measured time of
+   a level. Expansion KV is written after the stable cache
    (each node sees the context plus its ancestors) and truncated away afterwards.
 3. *Rerank*: the best nodes by cumulative score (ties broken so a node ranks after its
    ancestors; the chosen set is parent-closed, asserted) form the tree, sized by the measured
@@ -54,6 +57,9 @@ class EagleConfig:
             each step (at most ``max_tokens``).
         max_tokens: largest tree considered when ``total_tokens`` is 0.
         min_prob: stop expanding once no frontier path has draft probability above this.
+        backoff: with a cost profile, verify only the pending token while measured drafting
+            steps commit fewer tokens per second than plain decoding would (1 / T(1)), with a
+            probe draft every 8 steps, doubling up to 64 while drafts keep not paying.
     """
 
     head: str = ""
@@ -62,6 +68,7 @@ class EagleConfig:
     total_tokens: int = 0
     max_tokens: int = 64
     min_prob: float = 0.02
+    backoff: bool = True
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,44 @@ def best_size(path_probs: torch.Tensor, draft_s: float, profile: CostProfile | N
     return best_n
 
 
+class Backoff:
+    """Plain decoding while drafting does not pay (see ``EagleConfig.backoff``).
+
+    Attributes:
+        t1: seconds of a one-token verify (the ar step), or None to always draft.
+    """
+
+    def __init__(self, t1: float | None, min_steps: int = 4, first_probe: int = 8, max_probe: int = 64) -> None:
+        self.t1 = t1
+        self.min_steps, self.first_probe, self.max_probe = min_steps, first_probe, max_probe
+        self.tokens = self.seconds = 0.0  # exponential moving sums over drafted steps
+        self.steps = 0
+        self.off = False
+        self.probe_every = first_probe
+        self.since = 0
+
+    def draft_now(self) -> bool:
+        if not self.off:
+            return True
+        self.since += 1
+        return self.since >= self.probe_every
+
+    def record(self, committed: int, seconds: float) -> None:
+        """One drafted step committed ``committed`` tokens in ``seconds`` (draft + verify)."""
+        if self.t1 is None:
+            return
+        self.tokens = 0.8 * self.tokens + committed
+        self.seconds = 0.8 * self.seconds + seconds
+        self.steps += 1
+        pays = self.tokens / self.seconds >= 1.0 / self.t1
+        if self.off:
+            self.since = 0
+            self.off = not pays
+            self.probe_every = self.first_probe if pays else min(self.max_probe, 2 * self.probe_every)
+        elif self.steps >= self.min_steps and not pays:
+            self.off, self.since = True, 0
+
+
 class EagleDrafter:
     """EAGLE-2 dynamic-tree drafting with a one-layer head (see module docstring)."""
 
@@ -148,6 +193,9 @@ class EagleDrafter:
         self.cache = kv_cache.new_cache(head.config)
         self.length = 0  # draft positions in the stable cache
         self.features: torch.Tensor | None = None  # [m, H] true features of positions not yet encoded
+        self.backoff = Backoff(profile.t1 if profile is not None and cfg.backoff else None)
+        self._t_proposed: float | None = None  # perf_counter when a drafted proposal was handed over
+        self._draft_s = 0.0
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -160,6 +208,9 @@ class EagleDrafter:
         idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
         new = out.hidden[-1].index_select(0, idx).to(self.dtype)  # root + accepted drafts
         self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
+        if self._t_proposed is not None:  # a drafted step: its cost and yield
+            self.backoff.record(verdict.num_accepted + 1, self._draft_s + time.perf_counter() - self._t_proposed)
+            self._t_proposed = None
 
     # -- drafting ------------------------------------------------------------------------------
 
@@ -210,9 +261,15 @@ class EagleDrafter:
         f_feat = h_last[None].expand(k, -1)
         tmask = torch.eye(k, dtype=torch.bool, device=self.device)
         size = k
+        level_s = 0.0
         for _ in range(cfg.depth):
             if math.exp(float(f_score.max())) < cfg.min_prob:
                 break
+            # the next level adds at most sum(frontier path probabilities) expected tokens; stop
+            # when even that is worth less than the level costs (one ar step per token)
+            if self.profile is not None and level_s > 0 and float(f_score.exp().sum()) * self.profile.t1 < level_s:
+                break
+            t0 = time.perf_counter()
             out = self._run(f_feat, f_tok, torch.full((k,), position), tmask)
             position += 1
             clp, ctok = torch.topk(self._logprobs(out), k, dim=-1)  # [k, k]
@@ -226,10 +283,11 @@ class EagleDrafter:
             f_ids = size + sel
             size += k * k
             tmask = torch.cat([tmask[u], torch.eye(k, dtype=torch.bool, device=self.device)], dim=1)
+            level_s = time.perf_counter() - t0
         return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents))
 
     def propose(self, state: DecodeState) -> Proposal:
-        if state.draft_room == 0:
+        if state.draft_room == 0 or not self.backoff.draft_now():
             return Proposal(DraftTree.chain([state.pending]))
         t0 = time.perf_counter()
         h_last = self.catch_up(state.ids)
@@ -243,4 +301,6 @@ class EagleDrafter:
         if n == 0:
             return Proposal(DraftTree.chain([state.pending]))
         tree, _ = rerank(pool, state.pending, n)
+        self._t_proposed = time.perf_counter()
+        self._draft_s = self._t_proposed - t0
         return Proposal(tree)
