@@ -9,14 +9,14 @@ S=.venv/bin/selfspec
 OUT=docs/results
 M=smollm2-135m-instruct
 bash scripts/train_hass.sh
-METHODS=ar,eagle2,hass,hass:top_k=4,eagle2:top_k=10:depth=5:total_tokens=60,hass:top_k=10:depth=5:total_tokens=60
+METHODS=ar,eagle2,hass,eagle2:top_k=10:depth=5:total_tokens=60:min_prob=0,hass:top_k=10:depth=5:total_tokens=60:min_prob=0
 for DS in mt-bench humaneval; do
   $S bench --model $M --kernels onednn --threads 2 --dataset $DS --limit ${LIMIT:-10} --max-new-tokens 96 \
      --methods $METHODS --out $OUT/smollm2-hass-$DS --resume
 done
 # sampling (T = 1): tau of both heads with the same tree
-$S bench --model $M --kernels onednn --threads 2 --dataset mt-bench --limit ${LIMIT:-10} --max-new-tokens 96 \
-   --temperature 1.0 --methods ar,eagle2,hass --out $OUT/smollm2-hass-mt-bench-t1 --resume
+$S bench --model $M --kernels onednn --threads 2 --dataset mt-bench --max-new-tokens 96 \
+   --temperature 1.0 --methods ar,eagle2,hass --limit ${T1_LIMIT:-5} --out $OUT/smollm2-hass-mt-bench-t1 --resume
 .venv/bin/python scripts/hass_ablation.py --heads "${SELFSPEC_HOME:-$HOME/.cache/selfspec}/heads" --model $M \
    --bench $OUT/smollm2-hass-mt-bench $OUT/smollm2-hass-humaneval $OUT/smollm2-hass-mt-bench-t1 \
    --out $OUT/hass-ablation

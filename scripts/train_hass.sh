@@ -14,7 +14,7 @@ COMMON=(--model "$M" --threads "${THREADS:-2}" --batch-size 4 --checkpoint-every
 
 "$SELFSPEC" train hass "${COMMON[@]}" "${DATA[@]}" --objective eagle --epochs "${STAGE1_EPOCHS:-2}" --lr 3e-4 \
     --out "$H/$M-stage1"
-"$SELFSPEC" train hass "${COMMON[@]}" "${DATA[@]}" --objective eagle --epochs "${ARM_EPOCHS:-1}" --lr 1e-4 \
+"$SELFSPEC" train hass "${COMMON[@]}" "${DATA[@]}" --objective eagle --epochs "${ARM_EPOCHS:-2}" --lr 3e-4 \
     --init "$H/$M-stage1" --out "$H/$M-eagle2"
-"$SELFSPEC" train hass "${COMMON[@]}" "${DATA[@]}" --objective hass --epochs "${ARM_EPOCHS:-1}" --lr 1e-4 \
+"$SELFSPEC" train hass "${COMMON[@]}" "${DATA[@]}" --objective hass --epochs "${ARM_EPOCHS:-2}" --lr 3e-4 \
     --init "$H/$M-stage1" --out "$H/$M-hass"

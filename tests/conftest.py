@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("SELFSPEC_TEST_THREADS", "2")))  # 1 beside other CPU jobs
 
 VOCAB = 96
 WORDS = [f"w{i}" for i in range(VOCAB - 4)]

@@ -253,8 +253,9 @@ class EagleDrafter:
     def expand(self, h_last: torch.Tensor, position: int) -> Pool:
         """EAGLE-2 expansion from the root's estimated feature ``h_last`` (``[H]``); the
         depth-1 nodes sit at draft position ``position``."""
-        k, cfg = self.cfg.top_k, self.cfg
+        cfg = self.cfg
         lp = self._logprobs(h_last[None])[0]
+        k = min(cfg.top_k, lp.numel())
         s1, tok1 = torch.topk(lp, k)
         scores, tokens, parents = [s1], [tok1], [torch.full((k,), -1, dtype=torch.long)]
         f_score, f_tok, f_ids = s1, tok1, torch.arange(k)
