@@ -20,3 +20,8 @@ $S bench --model $M --kernels onednn --threads 2 --dataset mt-bench --max-new-to
 .venv/bin/python scripts/hass_ablation.py --heads "${SELFSPEC_HOME:-$HOME/.cache/selfspec}/heads" --model $M \
    --bench $OUT/smollm2-hass-mt-bench $OUT/smollm2-hass-humaneval $OUT/smollm2-hass-mt-bench-t1 \
    --out $OUT/hass-ablation
+# README Results: every run so far
+R=$OUT
+.venv/bin/python scripts/results_to_readme.py README.md $R/smollm2 $R/qwen1.5b $R/smollm2-mtbench $R/qwen1.5b-humaneval \
+   $R/smollm2-kernels $R/qwen1.5b-kernels $R/qwen1.5b-humaneval-int8 $R/smollm2-self-spec $R/qwen1.5b-self-spec \
+   $R/smollm2-hass-mt-bench $R/smollm2-hass-humaneval $R/smollm2-hass-mt-bench-t1

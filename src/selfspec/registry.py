@@ -133,9 +133,13 @@ def _head(target: LoadedModel, cfg: EagleConfig, method: str):
     from .heads.eagle import EagleHead, load_head
 
     if cfg.head.startswith("random"):
-        seed = int(cfg.head.partition(":")[2] or 0)
-        torch.manual_seed(seed)
-        return EagleHead(target.model).eval(), f"random:{seed}"
+        try:
+            seed = int(cfg.head.partition(":")[2] or 0)
+        except ValueError as e:
+            raise SelfspecError(f"head {cfg.head!r}: use random or random:SEED (an integer)") from e
+        with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
+            torch.manual_seed(seed)
+            return EagleHead(target.model).eval(), f"random:{seed}"
     path = cfg.head or str(default_head_dir(target.name, method))
     if not cfg.head and not default_head_dir(target.name, method).is_dir():
         raise SelfspecError(

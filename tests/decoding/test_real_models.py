@@ -121,14 +121,14 @@ def test_smollm2_self_spec_shipped_config(smollm2, smol_refs, opts):
         assert sum(r.steps for r in results) < sum(r.new_tokens for r in results)
 
 
-EAGLE_PROMPTS = 4
+EAGLE_PROMPTS = 2
 
 
 def test_smollm2_eagle_random_head_full_trees(smollm2, smol_refs):
     """A random head on the real model with the paper's tree shape (fewer nodes): deep trees of
     (mostly wrong) drafts, verified with tree masks on a real 30-layer model."""
     prompts, refs = smol_refs
-    g = selfspec.load(smollm2, "eagle2", head="random:0", top_k=10, depth=5, total_tokens=24, min_prob=0.0,
+    g = selfspec.load(smollm2, "eagle2", head="random:0", top_k=10, depth=3, total_tokens=24, min_prob=0.0,
                       self_test=False)
     for p, ref in zip(prompts[:EAGLE_PROMPTS], refs):
         assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref
@@ -137,12 +137,15 @@ def test_smollm2_eagle_random_head_full_trees(smollm2, smol_refs):
 @pytest.mark.parametrize("method", ["eagle2", "hass"])
 def test_smollm2_trained_heads(smollm2, smol_refs, method):
     """The heads made by scripts/train_hass.sh, when present (not in CI: they are built, not shipped)."""
-    from selfspec.heads import default_head_dir
+    from pathlib import Path
 
-    if not default_head_dir(smollm2.name, method).is_dir():
+    from ..conftest import REAL_HOME
+
+    head = Path(REAL_HOME or Path.home() / ".cache" / "selfspec") / "heads" / f"smollm2-135m-instruct-{method}"
+    if not (head / "model.safetensors").is_file():
         pytest.skip(f"no trained {method} head in $SELFSPEC_HOME/heads (bash scripts/train_hass.sh)")
     prompts, refs = smol_refs
-    g = selfspec.load(smollm2, method, self_test=False)
+    g = selfspec.load(smollm2, method, head=str(head), total_tokens=16, top_k=4, depth=3, self_test=False)
     results = [g.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
     assert [r.token_ids for r in results] == refs
-    assert sum(r.new_tokens for r in results) / sum(r.steps for r in results) > 1.5  # drafts are accepted
+    assert sum(r.new_tokens for r in results) / sum(r.steps for r in results) > 1.2  # drafts are accepted

@@ -26,7 +26,7 @@ MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
-class Sequence_:
+class CachedSequence:
     """One training sequence read back from the cache.
 
     Attributes:
@@ -122,7 +122,7 @@ def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: P
     return manifest
 
 
-def read_sequences(path: Path) -> Iterator[Sequence_]:
+def read_sequences(path: Path) -> Iterator[CachedSequence]:
     """Every cached sequence, shard by shard, in order."""
     mpath = path / MANIFEST
     if not mpath.is_file():
@@ -131,4 +131,4 @@ def read_sequences(path: Path) -> Iterator[Sequence_]:
         d = load_file(str(path / s["file"]))
         off = d["offsets"].tolist()
         for a, b in zip(off[:-1], off[1:]):
-            yield Sequence_(d["input_ids"][a:b], d["loss_mask"][a:b], d["features"][a:b])
+            yield CachedSequence(d["input_ids"][a:b], d["loss_mask"][a:b], d["features"][a:b])

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..errors import SelfspecError
 from ..heads.eagle import EagleHead, load_head
-from .features import Sequence_
+from .features import CachedSequence
 from .hca import HcaModel
 from .losses import LossWeights, pass_losses, teacher
 
@@ -95,7 +95,7 @@ class Batch:
     mask: torch.Tensor
 
 
-def collate(seqs: list[Sequence_], dtype: torch.dtype = torch.float32) -> Batch:
+def collate(seqs: list[CachedSequence], dtype: torch.dtype = torch.float32) -> Batch:
     b, length = len(seqs), max(s.input_ids.numel() for s in seqs)
     h = seqs[0].features.shape[-1]
     feats = torch.zeros(b, length, h, dtype=dtype)
@@ -156,7 +156,7 @@ def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch, opts:
 
 
 @torch.no_grad()
-def evaluate(model: HcaModel, target: torch.nn.Module, seqs: list[Sequence_], opts: TrainOptions,
+def evaluate(model: HcaModel, target: torch.nn.Module, seqs: list[CachedSequence], opts: TrainOptions,
              batch_size: int) -> dict[str, float]:
     """Token-weighted mean of every metric over ``seqs`` (no noise). ``acc{j}`` is the top-1
     agreement of pass j with the target: with HCA, the acceptance of drafting step j along the
@@ -182,7 +182,7 @@ def _latest_checkpoint(ckdir: Path) -> Path | None:
     return cks[-1] if cks else None
 
 
-def train_head(target: torch.nn.Module, seqs: list[Sequence_], out: Path, opts: TrainOptions, meta: dict,
+def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, opts: TrainOptions, meta: dict,
                resume: bool = False, progress: bool = True, accelerator=None) -> dict:
     """Train a head on ``seqs`` and save it into ``out`` (see module docstring).
 
