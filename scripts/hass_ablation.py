@@ -55,7 +55,7 @@ def bench_rows(dirs: list[Path]) -> list[dict]:
             rows.append({"run": d.name, "method": key, "tau": s["tau"], "speedup": s["speedup"],
                          "tok_s": s["tokens_per_s"], "acceptance_by_depth": s["acceptance_by_depth"],
                          "identical": s.get("identical"), "draft_share": s.get("draft_share"),
-                         "temperature": meta.get("temperature", 0.0)})
+                         "temperature": meta.get("generation", {}).get("temperature", 0.0)})
     return rows
 
 

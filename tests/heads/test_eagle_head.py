@@ -70,3 +70,21 @@ def test_export_to_eagle_layout_and_back(saved, target, tmp_path):
     assert cfg["num_hidden_layers"] == 1 and cfg["bias"] is True and cfg["architectures"] == ["LlamaForCausalLM"]
     back = import_eagle(out, target)
     assert torch.equal(outputs(head, target), outputs(back, target))
+
+
+def test_cli_export_and_missing_head_errors(tiny_dir, tmp_path, capsys):
+    from selfspec.cli import main
+    from selfspec.models.loading import load_model
+
+    target = load_model(str(tiny_dir)).model
+    EagleHead(target).save(tmp_path / "h", {"target": "tiny", "method": "eagle2"})
+    assert main(["export", str(tmp_path / "h"), "--model", str(tiny_dir), "--out", str(tmp_path / "e")]) == 0
+    assert "EAGLE-layout head" in capsys.readouterr().out
+    assert torch.equal(outputs(import_eagle(tmp_path / "e", target), target),
+                       outputs(load_head(tmp_path / "h", target)[0], target))
+    # no trained head for this model: one line naming the command that makes one
+    assert main(["generate", "--model", str(tiny_dir), "--method", "hass", "--no-chat", "w1 w2"]) == 2
+    err = capsys.readouterr().err
+    assert "no trained hass head" in err and "train_hass.sh" in err and err.count("\n") == 1
+    assert main(["generate", "--model", str(tiny_dir), "--method", "pld", "--head", "x", "w1"]) == 2
+    assert "only used by eagle2 and hass" in capsys.readouterr().err
