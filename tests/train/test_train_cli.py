@@ -123,3 +123,13 @@ def test_bad_input_is_one_line(tiny_dir, data_file, tmp_path, capsys):
     with pytest.raises(Exception, match="not a selfspec draft head"):
         selfspec.load(str(tiny_dir), "hass", head=str(tmp_path), self_test=False)
     torch.manual_seed(0)
+
+
+def test_self_distillation_replaces_answers_and_resumes(tiny_dir, data_file, tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "evaluation_prompts", lambda: [])
+    args = ["--regenerate", "6", "--epochs", "1", "--features", str(tmp_path / "f")]
+    assert train(tiny_dir, data_file, tmp_path / "h", *args) == 0
+    answers = [json.loads(line) for line in (tmp_path / "f" / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 40 and all(len(a["answer"].split()) <= 6 for a in answers)
+    assert train(tiny_dir, data_file, tmp_path / "h2", *args) == 0  # cached answers and features reused
+    assert len((tmp_path / "f" / "answers.jsonl").read_text().splitlines()) == 40

@@ -92,10 +92,19 @@ def load_conversations(spec: str, seed: int) -> list[Conversation]:
     return exclude_prompts(out, evaluation_prompts())
 
 
+def _prompt_text(tokenizer, user: str) -> str:
+    """The generation prompt for one user turn: the chat template, or the plain-text format of
+    :mod:`.conversations` when the tokenizer has none."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                             add_generation_prompt=True)
+    return f"User: {user}\nAssistant:"
+
+
 @torch.inference_mode()
 def regenerate(model: torch.nn.Module, tokenizer, convs: list[Conversation], max_new: int, batch: int,
                cache: Path, progress: bool = True) -> list[Conversation]:
-    """Replace each ShareGPT conversation by (first user turn, the target's greedy answer).
+    """Replace each conversation by (first user turn, the target's greedy answer).
 
     Answers are appended to ``cache`` (JSONL) as they are made, so an interrupted run resumes.
     Code conversations (id prefix ``stdlib:``) and ``sharegpt-answers`` ones are kept as they are.
@@ -108,15 +117,15 @@ def regenerate(model: torch.nn.Module, tokenizer, convs: list[Conversation], max
     todo = [c for c in convs if not c.id.startswith(("stdlib:", KEEP)) and c.id not in done]
     todo.sort(key=lambda c: len(c.messages[0][1]))  # similar lengths batch together: less padding
     device = next(model.parameters()).device
-    tokenizer.padding_side = "left"
+    side, pad = tokenizer.padding_side, tokenizer.pad_token
+    tokenizer.padding_side = "left"  # restored below: the tokenizer is shared with the caller
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     bar = tqdm(total=len(todo), desc="self-distillation", unit="conv", disable=not progress, file=sys.stderr)
     with open(cache, "a") as f:
         for i in range(0, len(todo), batch):
             chunk = todo[i : i + batch]
-            texts = [tokenizer.apply_chat_template([{"role": "user", "content": c.messages[0][1][:2000]}],
-                                                   tokenize=False, add_generation_prompt=True) for c in chunk]
+            texts = [_prompt_text(tokenizer, c.messages[0][1][:2000]) for c in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=384,
                             add_special_tokens=False).to(device)
             gen = model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tokenizer.pad_token_id)
@@ -127,6 +136,7 @@ def regenerate(model: torch.nn.Module, tokenizer, convs: list[Conversation], max
             f.flush()
             bar.update(len(chunk))
     bar.close()
+    tokenizer.padding_side, tokenizer.pad_token = side, pad
     out = []
     for c in convs:
         if c.id.startswith(("stdlib:", KEEP)):
