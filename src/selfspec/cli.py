@@ -232,6 +232,11 @@ def cmd_models(args: argparse.Namespace) -> int:
         state = "pulled" if (d / bundled.MANIFEST).is_file() else "not pulled"
         default = " (default)" if name == bundled.DEFAULT_MODEL else ""
         print(f"{name:30s} {state:11s} {m.family:6s} {m.license:22s} {m.note}{default}")
+    for name, f in bundled.FINETUNED.items():
+        d = bundled.model_dir(name)
+        state = "pulled" if (d / bundled.MANIFEST).is_file() else "not pulled"
+        shipped = "" if (bundled.adapter_dir(name) / "selfspec_finetune.json").is_file() else f" [build: {f.build}]"
+        print(f"{name:30s} {state:11s} {f.method:6s} {'(base licence)':22s} {f.note}{shipped}")
     print(f"cache: {bundled.selfspec_home()} (set SELFSPEC_HOME to move it)")
     return 0
 
@@ -304,6 +309,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train a draft head: data -> features -> Accelerate training (resumable at every stage)."""
     from pathlib import Path
 
+    if args.what == "sdsat":
+        return cmd_train_sdsat(args)
+    if args.data is None:
+        args.data = "sharegpt:224,sharegpt-answers:300,code:60"
+    if args.lr is None:
+        args.lr = 3e-4
+
     from .train.pipeline import DataOptions, prepare_examples
     from .train.trainer import TrainOptions
 
@@ -349,6 +361,58 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"{opts.objective} head: {res['steps']} steps on {meta['tokens']} tokens ({len(seqs)} sequences); "
               f"validation top-1 agreement by drafting step: {accs or 'n/a'}")
         print(f"head: {out}   (use: --method {'eagle2' if opts.objective == 'eagle' else 'hass'} --head {out})")
+    return 0
+
+
+def cmd_train_sdsat(args: argparse.Namespace) -> int:
+    """Fine-tune the model with SDSAT adaptive tokens (LoRA or full), then write the model directory."""
+    from pathlib import Path
+
+    from .train.finetune import FinetuneOptions, finetune
+    from .train.pipeline import DataOptions, prepare_examples
+    from .train.sdsat import SdsatObjective, SdsatOptions
+
+    sd = SdsatOptions(window=args.window, start_fraction=args.start_fraction, weight=args.adaptive_weight,
+                      clean_fraction=args.clean_fraction, distinct=args.distinct_tokens, loss_at=args.loss_at)
+    objective = SdsatObjective(sd)  # checks the options
+    lr = args.lr if args.lr is not None else (3e-4 if args.lora_rank else 1e-4)
+    if args.epochs < 1 or lr <= 0 or args.batch_size < 1 or args.lora_rank < 0 or args.max_steps < 0:
+        raise SelfspecError("train sdsat needs --epochs >= 1, --lr > 0, --batch-size >= 1, --lora-rank >= 0 "
+                            "and --max-steps >= 0")
+    if args.max_len < 8:
+        raise SelfspecError("--max-len must be at least 8")
+    opts = FinetuneOptions(lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank, epochs=args.epochs,
+                           max_steps=args.max_steps, lr=lr, batch_size=args.batch_size, seed=args.seed,
+                           checkpoint_every=args.checkpoint_every,
+                           weight_decay=0.0 if args.lora_rank else 0.1)
+    data = DataOptions(data=args.data or "sharegpt:224,sharegpt-answers:150,code:240", max_len=args.max_len,
+                       regenerate=args.regenerate, seed=args.data_seed)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from accelerate import Accelerator
+
+    from .models.loading import load_model
+
+    out = Path(args.out)
+    acc = Accelerator(cpu=args.device == "cpu")
+    target = load_model(args.model, acc.device if args.device != "cpu" else "cpu", "float32", args.trust_remote_code)
+    if acc.is_main_process:
+        examples = prepare_examples(target.model, target.tokenizer, data, out / "data", not args.no_progress)
+    acc.wait_for_everyone()
+    if not acc.is_main_process:
+        examples = prepare_examples(target.model, target.tokenizer, data, out / "data", False)
+    meta = {"base": target.name, "data": data.__dict__, "examples": len(examples),
+            "tokens": int(sum(e.input_ids.numel() for e in examples))}
+    res = finetune(target.model, target.tokenizer, examples, objective, out, opts, meta, target.path,
+                   resume=args.resume, progress=not args.no_progress, accelerator=acc)
+    if acc.is_main_process:
+        accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(2, sd.window + 2) if f"acc{j}" in res)
+        print(f"sdsat ({'LoRA r=' + str(opts.lora_rank) if opts.lora_rank else 'full fine-tuning'}): {res['steps']} "
+              f"steps on {meta['tokens']} tokens ({len(examples)} examples); validation plain loss "
+              f"{res.get('plain', float('nan')):.3f}, draft top-1 accuracy at offsets 2..: {accs or 'n/a'}")
+        print(f"model: {out}   (use: --model {out} --method sdsat, or --method ar for the same model)")
     return 0
 
 
@@ -426,15 +490,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.set_defaults(func=cmd_tune)
 
-    tr = sub.add_parser("train", help="train a draft head (hass: EAGLE / HASS objectives) with Accelerate")
-    tr.add_argument("what", choices=["hass"], help="hass: an EAGLE draft head (EAGLE or HASS objective)")
+    tr = sub.add_parser("train", help="train with Accelerate: a draft head (hass) or the model itself (sdsat)")
+    tr.add_argument("what", choices=["hass", "sdsat"],
+                    help="hass: an EAGLE draft head (EAGLE or HASS objective); sdsat: fine-tune the model with "
+                         "semantic adaptive tokens (writes a model directory)")
     tr.add_argument("--model", required=True, help="target: bundled name, local HF directory, .gguf file or hub id")
     tr.add_argument("--out", required=True, help="output directory (the head; also features/ and train/ inside)")
-    tr.add_argument("--data", default="sharegpt:224,sharegpt-answers:300,code:60",
+    tr.add_argument("--data", default=None,
                     help="comma-separated sources: sharegpt[:N] (answers regenerated with --regenerate), "
                          "sharegpt-answers[:N] (ShareGPT's answers kept), code[:N] (Python stdlib), or a JSONL file "
-                         "of conversations (default sharegpt:224,sharegpt-answers:300,code:60); evaluation prompts "
-                         "are always excluded")
+                         "of conversations (default hass: sharegpt:224,sharegpt-answers:300,code:60; sdsat: "
+                         "sharegpt:224,sharegpt-answers:150,code:240); evaluation prompts are always excluded")
     tr.add_argument("--max-len", type=int, default=512, help="tokens per example at most (default 512)")
     tr.add_argument("--regenerate", type=int, default=0,
                     help="self-distillation: answer the ShareGPT prompts with the target (at most N tokens) and "
@@ -446,10 +512,22 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--topk", type=int, default=10, help="K of the top-K distillation loss (default 10)")
     tr.add_argument("--topk-weight", type=float, default=None, help="its weight (default: eagle 0, hass 1)")
     tr.add_argument("--epochs", type=int, default=2, help="epochs (default 2)")
-    tr.add_argument("--lr", type=float, default=3e-4, help="AdamW peak learning rate (default 3e-4)")
+    tr.add_argument("--lr", type=float, default=None,
+                    help="AdamW peak learning rate (default 3e-4; sdsat full fine-tuning 1e-4)")
     tr.add_argument("--batch-size", type=int, default=4, help="sequences per process and step (default 4)")
     tr.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features (default 0.1)")
     tr.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
+    sg = tr.add_argument_group("sdsat")
+    sg.add_argument("--window", type=int, default=5, help="L: largest window of adaptive tokens (default 5)")
+    sg.add_argument("--start-fraction", type=float, default=0.1, help="share of positions starting a window (0.1)")
+    sg.add_argument("--adaptive-weight", type=float, default=1.0, help="w of 1/2 (L_plain + w L_adaptive) (1)")
+    sg.add_argument("--clean-fraction", type=float, default=0.5, help="share of sequences left clean (0.5)")
+    sg.add_argument("--distinct-tokens", action="store_true",
+                    help="L distinct adaptive tokens (paper appendix B) instead of one repeated")
+    sg.add_argument("--loss-at", default="label", choices=["label", "input"],
+                    help="label: the paper's eq. 6 (default); input: score the output at every adaptive token")
+    sg.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16); 0 = full fine-tuning")
+    sg.add_argument("--max-steps", type=int, default=0, help="optimiser steps (default 0: --epochs decides)")
     tr.add_argument("--seed", type=int, default=0, help="training seed (order, noise, init)")
     tr.add_argument("--data-seed", type=int, default=42, help="data shuffling seed")
     tr.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")

@@ -12,6 +12,7 @@ from .drafters.budget import ChainBudget
 from .drafters.draft_model import DraftModelConfig, DraftModelDrafter, check_same_tokenizer
 from .drafters.eagle import EagleConfig, EagleDrafter
 from .drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter
+from .drafters.sdsat import SdsatConfig, SdsatDrafter, check_ids, parse_tree
 from .drafters.self_spec import DRAFT_EXITS, SelfSpecConfig, SelfSpecDrafter
 from .drafters.skip_config import GammaSettings, find
 from .errors import SelfspecError
@@ -161,6 +162,40 @@ def _build_eagle(method: str):
     return build
 
 
+def adaptive_ids(target: LoadedModel, cfg: SdsatConfig) -> tuple[list[int], dict | None]:
+    """The adaptive token ids of ``sdsat``: ``cfg.adaptive_ids``, else the model directory's
+    ``selfspec_finetune.json`` (with that file's metadata)."""
+    from .train.finetune import read_meta
+
+    vocab = target.model.get_input_embeddings().weight.shape[0]
+    meta = read_meta(target.path)
+    if cfg.adaptive_ids:
+        try:
+            ids = [int(x) for x in str(cfg.adaptive_ids).replace("+", ",").split(",") if x.strip()]
+        except ValueError as e:
+            raise SelfspecError(f"sdsat adaptive_ids {cfg.adaptive_ids!r}: use integer ids like 49152 or 5,6") from e
+        return check_ids(ids, vocab), meta
+    if meta is None or meta.get("method") != "sdsat":
+        raise SelfspecError(
+            f"model '{target.name}' was not fine-tuned for sdsat (no sdsat selfspec_finetune.json): use "
+            "--model smollm2-135m-instruct-sdsat, train one with `selfspec train sdsat --model M --out DIR`, "
+            "or name the adaptive token with adaptive_ids=ID")
+    return check_ids(list(meta["new_ids"]), vocab), meta
+
+
+def _build_sdsat(method: str):
+    def build(target: LoadedModel, cfg: SdsatConfig, ctx: BuildContext) -> Drafter:
+        if cfg.k < 0 or cfg.max_k < 1 or cfg.candidates < 1:
+            raise SelfspecError(f"{method} needs k >= 0, max_k >= 1 and candidates >= 1")
+        parse_tree(cfg.tree)
+        ids, meta = adaptive_ids(target, cfg)
+        val = (meta or {}).get("validation", {})
+        prior = [val[f"acc{j}"] for j in range(2, (cfg.k or cfg.max_k) + 2) if f"acc{j}" in val]
+        profile = load_or_measure(target.model, target.name, target.backend) if cfg.k == 0 else None
+        return SdsatDrafter(method, ids, cfg, profile, prior)
+    return build
+
+
 METHODS: dict[str, MethodSpec] = {
     "ar": MethodSpec(NoOptions, _build_ar, True, "plain autoregressive decoding on the same loop (the baseline)"),
     "pld": MethodSpec(PromptLookupConfig, _build_pld, True, "prompt lookup: drafts copied from earlier text"),
@@ -172,6 +207,12 @@ METHODS: dict[str, MethodSpec] = {
                          "EAGLE-2: a one-layer draft head (EAGLE-trained) expands a dynamic draft tree (--head)"),
     "hass": MethodSpec(EagleConfig, _build_eagle("hass"), True,
                        "HASS: EAGLE-2 trees from a head trained with harmonized objectives (--head)"),
+    "sdsat": MethodSpec(SdsatConfig, _build_sdsat("sdsat"), True,
+                        "SDSAT: a fine-tuned model drafts k tokens from k appended adaptive tokens, then verifies "
+                        "them (two-step loop; sampling: the paper's tree with lossless acceptance)"),
+    "sdsat-lossy": MethodSpec(SdsatConfig, _build_sdsat("sdsat-lossy"), False,
+                              "NOT LOSSLESS when sampling: SDSAT with the paper's sample-and-match verifier "
+                              "(greedy is still exact); for reproducing the paper"),
 }
 
 

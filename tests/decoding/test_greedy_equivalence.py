@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import selfspec
+from selfspec.core.tree import DraftTree
 from selfspec.drafters.scripted import ScriptedDrafter
 from selfspec.models.loading import load_model
 
@@ -204,3 +205,38 @@ def test_eagle_oracle_pool_all_accepted(target, references):
         assert r.token_ids == ref
         assert all(a == 1.0 for a in r.acceptance_by_depth)
         assert r.mean_accepted > 3.0
+
+
+SDSAT_ADAPTIVE = str(VOCAB - 1)  # random models: any id serves as the adaptive token (drafts are poor)
+
+
+@pytest.mark.parametrize("opts", [dict(k=1), dict(k=3), dict(k=8), dict()], ids=["k1", "k3", "k8", "cost-sized"])
+def test_sdsat_matches_generate(target, references, opts):
+    g = selfspec.load(target, "sdsat", adaptive_ids=SDSAT_ADAPTIVE, self_test=False, **opts)
+    g.drafter = InvariantChecker(g.drafter)
+    for p, ref in zip(PROMPTS, references):
+        assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref
+
+
+@pytest.mark.parametrize("j", range(K + 1))
+def test_sdsat_drafts_right_for_exactly_j(target, references, j):
+    """The draft step's adaptive-token outputs are replaced by drafts whose first j tokens are the
+    reference continuation: each verify step accepts exactly j (fewer only where max_new_tokens
+    cuts the chain), and the ids are still those of ``generate``."""
+    g = selfspec.load(target, "sdsat", adaptive_ids=SDSAT_ADAPTIVE, k=K, self_test=False)
+    d = g.drafter
+    ctx: dict = {}
+
+    def oracle_tree(state, logits):
+        gen = state.ids[ctx["plen"]:]
+        fut = ctx["ref"][len(gen):]
+        drafts = fut[:j] + [(t + 1) % VOCAB for t in fut[j:K]]
+        return DraftTree.chain([state.pending] + drafts)
+
+    d._verify_tree = oracle_tree
+    for p, ref in zip(PROMPTS, references):
+        ctx["plen"], ctx["ref"] = len(p), ref
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        steps = [(c, dep) for c, dep in zip(r.committed_per_step[1:], r.drafted_per_step[1:]) if dep > 0]
+        assert steps and all(c == min(j, dep) + 1 for c, dep in steps[:-1])  # the last may stop at EOS

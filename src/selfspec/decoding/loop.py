@@ -82,6 +82,8 @@ def verify(state: DecodeState, model: torch.nn.Module, proposal: Proposal, want_
 def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict:
     if state.warper.greedy:
         return accept_greedy(proposal.tree, out.tree_logits)
+    if proposal.accept_rule is not None:  # a method registered as not lossless (checked in run)
+        return proposal.accept_rule(proposal.tree, out.tree_logits, state.warper, state.generator)
     return accept_sampling(proposal.tree, out.tree_logits, state.warper, state.generator)
 
 
@@ -95,7 +97,9 @@ def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> Iterato
         proposal = drafter.propose(state)
         tree = proposal.tree.truncate_depth(state.draft_room)
         if tree is not proposal.tree:
-            proposal = Proposal(tree, proposal.piggyback)
+            proposal = Proposal(tree, proposal.piggyback, proposal.accept_rule)
+        if proposal.accept_rule is not None and drafter.lossless:
+            raise RuntimeError(f"drafter {drafter.name} is registered lossless but replaced the acceptance rule")
         if tree.token_list[0] != state.pending:
             raise RuntimeError(f"drafter {drafter.name} proposed a tree whose root is not the pending token")
         _sync(device)

@@ -8,6 +8,7 @@ verdict to roll back its own state and adapt its budget.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,10 +39,19 @@ class Piggyback:
 
 @dataclass(frozen=True)
 class Proposal:
-    """What a drafter proposes for one step."""
+    """What a drafter proposes for one step.
+
+    Attributes:
+        tree: the draft tree rooted at the pending token.
+        piggyback: extra query tokens riding along in the verify forward, or None.
+        accept_rule: a sampling acceptance rule replacing the lossless one, ``(tree, target_logits
+            [N, V], warper, generator) -> Verdict``. Only methods registered as not lossless may
+            set it (the loop refuses it otherwise); greedy decoding never uses it.
+    """
 
     tree: DraftTree
     piggyback: Piggyback | None = None
+    accept_rule: Callable | None = None
 
 
 class Drafter(Protocol):

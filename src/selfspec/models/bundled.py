@@ -84,6 +84,61 @@ BUNDLED: dict[str, BundledModel] = {
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
+@dataclass(frozen=True)
+class FineTunedModel:
+    """A bundled model fine-tuned by selfspec: a bundled base plus a small adapter shipped in
+    ``selfspec/data/adapters/NAME`` (LoRA weights and new token rows; see ``train/finetune.py``).
+
+    Attributes:
+        name: the name users type.
+        base: the bundled base model.
+        method: the method it was trained for.
+        note: shown by ``selfspec models list``.
+        build: the command that trains the adapter again.
+    """
+
+    name: str
+    base: str
+    method: str
+    note: str
+    build: str
+
+
+FINETUNED: dict[str, FineTunedModel] = {
+    m.name: m
+    for m in (
+        FineTunedModel("smollm2-135m-instruct-sdsat", "smollm2-135m-instruct", "sdsat",
+                       "SmolLM2-135M-Instruct fine-tuned with SDSAT adaptive tokens (LoRA, merged)",
+                       "bash scripts/train_sdsat.sh"),
+    )
+}
+
+
+def adapter_dir(name: str) -> Path:
+    """The shipped adapter of a fine-tuned bundled model (inside the installed package)."""
+    return Path(__file__).resolve().parent.parent / "data" / "adapters" / name
+
+
+def pull_finetuned(name: str, force: bool = False) -> Path:
+    """Build fine-tuned model ``name`` from its bundled base and shipped adapter (once)."""
+    from ..train.finetune import META_FILE, apply_adapter
+
+    m = FINETUNED[name]
+    d = model_dir(name)
+    if d.is_dir() and not force and verify_manifest(d) is None:
+        return d
+    adapter = adapter_dir(name)
+    if not (adapter / META_FILE).is_file():
+        raise SelfspecError(f"the adapter of {name} is not in this installation ({adapter}); build it with "
+                            f"`{m.build}`")
+    base = pull(m.base)
+    print(f"selfspec: building {name} from {m.base} and its adapter (once) ...", file=sys.stderr)
+    meta = json.loads((adapter / META_FILE).read_text()) | {"bundled": name}
+    apply_adapter(base, adapter, d, meta)
+    write_manifest(d, {"bundled": name, "base": m.base, "adapter": str(adapter)})
+    return d
+
+
 def selfspec_home() -> Path:
     """``$SELFSPEC_HOME`` or ``~/.cache/selfspec``."""
     return Path(os.environ.get("SELFSPEC_HOME", Path.home() / ".cache" / "selfspec"))
@@ -208,8 +263,10 @@ def convert_gguf(gguf: Path, out: Path, source: dict) -> None:
 
 def pull(name: str, force: bool = False) -> Path:
     """Make sure bundled model ``name`` is converted and intact; return its directory."""
+    if name in FINETUNED:
+        return pull_finetuned(name, force)
     if name not in BUNDLED:
-        raise SelfspecError(f"unknown bundled model '{name}'; choose one of: {', '.join(BUNDLED)}")
+        raise SelfspecError(f"unknown bundled model '{name}'; choose one of: {', '.join([*BUNDLED, *FINETUNED])}")
     m = BUNDLED[name]
     d = model_dir(name)
     if d.is_dir() and not force:

@@ -89,7 +89,7 @@ def resolve_path(spec: str) -> tuple[Path | None, str]:
     Returns:
         ``(directory, "")`` for local weights, ``(None, hub_id)`` for a hub id.
     """
-    if spec in bundled.BUNDLED:
+    if spec in bundled.BUNDLED or spec in bundled.FINETUNED:
         return bundled.pull(spec), ""
     p = Path(spec).expanduser()
     if p.suffix == ".gguf":
@@ -117,7 +117,7 @@ def resolve_path(spec: str) -> tuple[Path | None, str]:
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         return None, spec
     raise SelfspecError(
-        f"unknown model '{spec}': use a bundled name ({', '.join(bundled.BUNDLED)}), "
+        f"unknown model '{spec}': use a bundled name ({', '.join([*bundled.BUNDLED, *bundled.FINETUNED])}), "
         "a local HF directory, a .gguf file or a hub id like org/name"
     )
 

@@ -1,0 +1,282 @@
+"""``sdsat``: the model drafts k tokens at once from k appended semantic adaptive tokens.
+
+The paper's two-step loop (SDSAT section 2.1; spec ``sdsat_space.md`` 1.2-1.4) on the one decode
+loop, alternating two kinds of step:
+
+1. *Draft step* (F1): the tree is the pending token t alone, and k adaptive tokens ride along as
+   piggyback tokens (positions after t, plain causal mask; their KV is never committed). The
+   target's output at t gives the next token exactly (the loop's bonus token); the outputs at the
+   adaptive tokens are the k drafts.
+2. *Verify step* (F2): the drafts, rooted at the token F1 committed, are verified like any tree.
+   Greedy: a chain of the k argmax drafts (each loop emits 2..k+2 tokens in 2 forwards, identical
+   to ``ar``). Sampling: the paper's fixed tree (children of every parent at depth d are the first
+   n tokens of one ordered sample without replacement of ``candidates`` tokens from the warped
+   draft distribution at adaptive position d), verified by the shared lossless recursive
+   rejection rule with ``q`` = that distribution with the earlier siblings removed.
+
+``sdsat-lossy`` keeps the paper's own sample-and-match verifier instead (each root-to-leaf path
+draws its own samples from temperature + top-p without top-k, the longest matching path wins, the
+next token is resampled): **not lossless**, kept to reproduce the paper and as the negative
+control of the distribution tests.
+
+k (greedy) comes from the measured verify-cost profile and the acceptance by position seen so
+far: the k that maximises expected tokens per second of a loop, ``(2 + sum_j prod_{i<=j} a_i) /
+(2 T(k+1))``; when no k beats plain decoding (1 / T(1)) the loop runs plain steps with probes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.acceptance import Verdict
+from ..core.cost import CostProfile
+from ..core.sampling import Warper, sample
+from ..core.tree import DraftTree
+from ..decoding.state import DecodeState, VerifyOutput
+from ..errors import SelfspecError
+from .base import Piggyback, Proposal
+
+PAPER_TREE = "4;3,2,2,1;3,2,2,1;3,2;3"  # children per parent by depth: the paper's depth-5 tree (28 nodes)
+
+
+@dataclass(frozen=True)
+class SdsatConfig:
+    """Options of ``sdsat`` / ``sdsat-lossy``.
+
+    Attributes:
+        k: adaptive tokens per draft step (greedy); 0 = chosen each loop from the verify-cost
+            profile and the measured acceptance, at most ``max_k``.
+        max_k: largest k considered when ``k`` is 0.
+        tree: sampling: children per parent at each depth, ``;`` between depths and ``,``
+            between the parents of a depth (in node order; missing parents get none). Default:
+            the paper's depth-5 tree. Empty = a chain of one sample per adaptive position.
+        candidates: size of the ordered sample per adaptive position (the paper's top_k 10).
+        adaptive_ids: the adaptive token id(s), comma-separated; empty = read from the model
+            directory's ``selfspec_finetune.json`` (written by ``selfspec train sdsat``).
+    """
+
+    k: int = 0
+    max_k: int = 8
+    tree: str = PAPER_TREE
+    candidates: int = 10
+    adaptive_ids: str = ""
+
+
+def parse_tree(spec: str) -> list[list[int]]:
+    """``"4;3,2,2,1;..."`` -> children counts per depth (``[[4], [3, 2, 2, 1], ...]``)."""
+    try:
+        levels = [[int(x) for x in part.split(",")] for part in spec.split(";") if part.strip()]
+    except ValueError as e:
+        raise SelfspecError(f"sdsat tree {spec!r}: use counts like 4;3,2,2,1;3,2 (';' between depths)") from e
+    if any(c < 0 for lv in levels for c in lv) or (levels and len(levels[0]) != 1):
+        raise SelfspecError(f"sdsat tree {spec!r}: the first depth has one parent (the root); counts are >= 0")
+    return levels
+
+
+def tree_shape(levels: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
+    """Parents, depths and sibling ranks of the tree nodes (node 0 = root).
+
+    The children of the j-th node of depth d - 1 get ranks 0..n_j - 1: node of rank r carries the
+    r-th token of depth d's ordered sample. Node order is by depth, then parent, then rank.
+    """
+    parents, depths, ranks = [-1], [0], [0]
+    frontier = [0]
+    for d, counts in enumerate(levels, start=1):
+        nxt = []
+        for j, parent in enumerate(frontier):
+            for r in range(counts[j] if j < len(counts) else 0):
+                parents.append(parent)
+                depths.append(d)
+                ranks.append(r)
+                nxt.append(len(parents) - 1)
+        frontier = nxt
+        if not frontier:
+            break
+    return parents, depths, ranks
+
+
+def ordered_sample(q: torch.Tensor, n: int, generator: torch.Generator | None) -> list[int]:
+    """An ordered sample without replacement of at most ``n`` tokens from ``q`` (``[V]``), by
+    Gumbel-top-k; tokens of probability 0 are never drawn (fewer returned if needed)."""
+    support = int((q > 0).sum())
+    n = min(n, support)
+    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=torch.float64).clamp_min(1e-300)
+    keys = q.double().log() - (-u.log()).log()
+    return torch.topk(keys, n).indices.tolist()
+
+
+def without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """``q`` with ``tokens`` removed and renormalised (the distribution of the next draw of a
+    sample without replacement)."""
+    r = q.clone()
+    if tokens:
+        r[tokens] = 0
+    s = r.sum()
+    return r / s if s > 0 else r
+
+
+class PositionalAcceptance:
+    """Acceptance of draft position j given positions < j were accepted, with exponential
+    forgetting; chooses k from a cost profile (see module docstring)."""
+
+    def __init__(self, profile: CostProfile | None, max_k: int, prior: list[float] | None = None,
+                 decay: float = 0.97, first_probe: int = 8, max_probe: int = 64) -> None:
+        self.profile, self.max_k, self.decay = profile, max_k, decay
+        prior = list(prior or [])
+        self.hits = [2.0 * (prior[j] if j < len(prior) else 0.3) for j in range(max_k)]
+        self.tries = [2.0] * max_k
+        self.first_probe, self.max_probe = first_probe, max_probe
+        self.probe_every, self.since = first_probe, 0
+
+    def rates(self) -> list[float]:
+        return [h / t for h, t in zip(self.hits, self.tries)]
+
+    def value(self, k: int) -> float:
+        """Expected tokens per T(1) of a loop with k adaptive tokens (k = 0: plain steps, 1)."""
+        if k == 0 or self.profile is None:
+            return 1.0
+        expected, p = 2.0, 1.0
+        for a in self.rates()[:k]:
+            p *= a
+            expected += p
+        return expected / (2 * self.profile.ratio(k + 1))
+
+    def choose(self, room: int) -> int:
+        if self.profile is None:
+            return min(self.max_k, room)
+        ks = range(1, min(self.max_k, room) + 1)
+        best = max(ks, key=self.value, default=0)
+        if best and self.value(best) > 1.0:
+            self.probe_every = self.first_probe
+            return best
+        if best:
+            self.since += 1
+            if self.since >= self.probe_every:
+                self.since = 0
+                self.probe_every = min(2 * self.probe_every, self.max_probe)
+                return best
+        return 0
+
+    def update(self, proposed: int, accepted: int) -> None:
+        for j in range(min(proposed, accepted + 1, self.max_k)):
+            self.hits[j] = self.hits[j] * self.decay + (1.0 if j < accepted else 0.0)
+            self.tries[j] = self.tries[j] * self.decay + 1.0
+
+
+def sample_and_match(tree: DraftTree, target_logits: torch.Tensor, warper: Warper,
+                     generator: torch.Generator | None) -> Verdict:
+    """The paper's nucleus verifier (``sdsat-lossy``; NOT lossless, see the module docstring).
+
+    Every root-to-leaf path draws its own token at each of its nodes' parents from temperature +
+    top-p (no top-k); a node is accepted while the draw equals it; the longest run wins (the first
+    path on ties); the next token is sampled afresh at the last accepted node.
+    """
+    verify = Warper(warper.temperature, 0, warper.top_p)
+    probs = verify.probs(target_logits)
+    tokens = tree.token_list
+    best: list[int] = [0]
+    for path in tree.paths:
+        run = [0]
+        for node in path[1:]:
+            if sample(probs[run[-1]], generator) != tokens[node]:
+                break
+            run.append(node)
+        if len(run) > len(best):
+            best = run
+    return Verdict(best, sample(warper.probs(target_logits[best[-1]]), generator))
+
+
+class SdsatDrafter:
+    """Alternates draft steps (adaptive tokens as piggyback) and verify steps (module docstring).
+
+    Args:
+        name: ``sdsat`` or ``sdsat-lossy``.
+        adaptive_ids: one id, or distinct ids (the j-th adaptive token uses ``ids[min(j, n) - 1]``).
+        cfg: options.
+        profile: the target's verify-cost profile (None: fixed k).
+        prior: expected acceptance by draft position (the fine-tune's validation accuracy).
+    """
+
+    needs_hidden = False
+
+    def __init__(self, name: str, adaptive_ids: list[int], cfg: SdsatConfig, profile: CostProfile | None,
+                 prior: list[float] | None = None) -> None:
+        self.name = name
+        self.lossless = name == "sdsat"
+        self.ids = adaptive_ids
+        self.cfg = cfg
+        self.levels = parse_tree(cfg.tree)
+        self.shape = tree_shape(self.levels)
+        self.budget = PositionalAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
+        self.drafts: torch.Tensor | None = None  # [k, V] piggyback logits of the last draft step
+        self.k = 0
+
+    def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
+        self.drafts = None
+
+    def _adaptive(self, k: int) -> torch.Tensor:
+        return torch.tensor([self.ids[min(j, len(self.ids)) - 1] for j in range(1, k + 1)], dtype=torch.long)
+
+    def propose(self, state: DecodeState) -> Proposal:
+        if self.drafts is not None:
+            tree = self._verify_tree(state, self.drafts)
+            self.drafts = None
+            return Proposal(tree, accept_rule=None if self.lossless or state.warper.greedy else sample_and_match)
+        room = state.draft_room - 1  # the draft step itself commits one token first
+        if state.warper.greedy or not self.levels:
+            self.k = self.budget.choose(room) if room > 0 else 0
+        else:
+            self.k = len(self.levels) if room > 0 and self.budget.choose(room) > 0 else 0
+        root = DraftTree.chain([state.pending])
+        if self.k == 0:
+            return Proposal(root)
+        base = len(state.ids) - 1  # cache length: the pending token sits at position base
+        positions = torch.arange(1, self.k + 1, dtype=torch.long) + base
+        mask = torch.tril(torch.ones(self.k, self.k + 1, dtype=torch.bool), diagonal=1)
+        return Proposal(root, Piggyback(self._adaptive(self.k), positions, mask))
+
+    def _verify_tree(self, state: DecodeState, logits: torch.Tensor) -> DraftTree:
+        """The verify step's tree rooted at the pending token (``logits``: ``[k, V]``)."""
+        if state.warper.greedy:
+            return DraftTree.chain([state.pending] + logits.argmax(-1).tolist())
+        q = state.warper.probs(logits)
+        if not self.levels:
+            toks = [sample(q[j], state.generator) for j in range(q.shape[0])]
+            return DraftTree.chain([state.pending] + toks, torch.cat([q[:1] * 0, q]))
+        parents, depths, ranks = self.shape
+        need = [0] * (len(self.levels) + 1)
+        for d, r in zip(depths, ranks):
+            need[d] = max(need[d], r + 1)
+        picks = [[]] + [ordered_sample(q[d - 1], max(need[d], self.cfg.candidates), state.generator)
+                        for d in range(1, len(need))]
+        keep = [0]
+        tokens = [state.pending]
+        rows = [torch.zeros_like(q[0])]
+        for i in range(1, len(parents)):
+            d, r = depths[i], ranks[i]
+            if r >= len(picks[d]) or parents[i] not in keep:  # support smaller than the tree
+                continue
+            keep.append(i)
+            tokens.append(picks[d][r])
+            rows.append(without(q[d - 1], picks[d][:r]))
+        remap = {old: new for new, old in enumerate(keep)}
+        par = [-1] + [remap[parents[i]] for i in keep[1:]]
+        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(par, dtype=torch.long),
+                         torch.stack(rows))
+
+    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
+        if proposal.piggyback is not None:
+            self.drafts = out.piggyback_logits.float()
+            return
+        depth = int(proposal.tree.depths.max())
+        if depth > 0:
+            self.budget.update(depth, verdict.num_accepted)
+
+
+def check_ids(ids: list[int], vocab: int) -> list[int]:
+    if not ids or any(not 0 <= i < vocab for i in ids):
+        raise SelfspecError(f"sdsat adaptive ids {ids} must be in [0, {vocab})")
+    return ids
+
