@@ -65,7 +65,13 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
                    help="eagle2/hass: tree size incl. the root (default: sized each step from the verify-cost profile)")
     p.add_argument("--tree-top-k", type=int, default=None, help="eagle2/hass: children per expanded node (default 10)")
     p.add_argument("--tree-depth", type=int, default=None, help="eagle2/hass: expansion rounds (default 5)")
-    p.add_argument("--k", type=int, default=None, help="draft length (fixed unless --auto-k is kept on)")
+    p.add_argument("--sdsat-tree", default=None,
+                   help="sdsat: sampling tree, children per parent by depth (default the paper's "
+                        "4;3,2,2,1;3,2,2,1;3,2;3; '' = one sample per adaptive token)")
+    p.add_argument("--adaptive-ids", default=None,
+                   help="sdsat: adaptive token id(s) (default: from the fine-tuned model's selfspec_finetune.json)")
+    p.add_argument("--k", type=int, default=None,
+                   help="draft length (fixed unless --auto-k is kept on; sdsat: adaptive tokens, fixed)")
     p.add_argument("--fixed-k", action="store_true", help="use --k as a fixed draft length instead of the cost profile")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -109,12 +115,19 @@ def method_options(args: argparse.Namespace, method: str, strict: bool = True) -
     elif any(v is not None for v in tree.values()) and strict:
         raise SelfspecError(f"--head/--tree-tokens/--tree-top-k/--tree-depth are only used by eagle2 and hass, "
                             f"not {method}")
+    sd = {"tree": getattr(args, "sdsat_tree", None), "adaptive_ids": getattr(args, "adaptive_ids", None)}
+    if method in ("sdsat", "sdsat-lossy"):
+        opts.update({k: v for k, v in sd.items() if v is not None})
+        if args.k is not None:
+            opts["k"] = args.k
+    elif any(v is not None for v in sd.values()) and strict:
+        raise SelfspecError(f"--sdsat-tree/--adaptive-ids are only used by sdsat, not {method}")
     if method in ("pld", "draft-model", "self-spec"):
         if args.k is not None:
             opts["k"] = args.k
         if args.fixed_k:
             opts["auto_k"] = False
-    elif (args.k is not None or args.fixed_k) and strict:
+    elif (args.k is not None and not method.startswith("sdsat") or args.fixed_k) and strict:
         raise SelfspecError(f"--k/--fixed-k do not apply to --method {method}")
     return opts
 
