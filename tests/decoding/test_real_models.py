@@ -149,3 +149,35 @@ def test_smollm2_trained_heads(smollm2, smol_refs, method):
     results = [g.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
     assert [r.token_ids for r in results] == refs
     assert sum(r.new_tokens for r in results) / sum(r.steps for r in results) > 1.2  # drafts are accepted
+
+
+@pytest.fixture(scope="module")
+def smol_sdsat():
+    """The bundled SDSAT fine-tune, built from the default model and the shipped adapter."""
+    from selfspec.models.bundled import adapter_dir
+    from selfspec.models.loading import load_model
+
+    if not (adapter_dir("smollm2-135m-instruct-sdsat") / "selfspec_finetune.json").is_file():
+        pytest.skip("no shipped sdsat adapter (bash scripts/train_sdsat.sh)")
+    return load_model(bundled_path("smollm2-135m-instruct-sdsat"))
+
+
+def test_smollm2_sdsat_finetune_greedy(smol_sdsat):
+    """On the shipped fine-tune: sdsat (fixed k and cost-sized) == ar == generate, the adaptive
+    token never appears, and drafts are accepted (the fine-tune learned to draft)."""
+    import json
+
+    meta = json.loads((smol_sdsat.path / "selfspec_finetune.json").read_text())
+    adaptive = set(meta["new_ids"])
+    prompts = [encode_prompt(smol_sdsat.tokenizer, p.text, True, smol_sdsat.model.config.vocab_size)
+               for p in builtin()][1::4]
+    refs = [hf_ids(smol_sdsat.model, p, MAX_NEW) for p in prompts]
+    for opts in ({"k": 4}, {}):
+        g = selfspec.load(smol_sdsat, "sdsat", self_test=False, **opts)
+        results = [g.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
+        assert [r.token_ids for r in results] == refs
+        assert not adaptive & {t for r in results for t in r.token_ids}
+    g4 = selfspec.load(smol_sdsat, "sdsat", k=4, self_test=False)
+    r4 = [g4.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
+    accepted = sum(c - 1 for r in r4 for c, d in zip(r.committed_per_step, r.drafted_per_step) if d > 0)
+    assert accepted > 0

@@ -141,3 +141,14 @@ def test_needs_a_finetuned_model(target):
         selfspec.load(target, "sdsat", adaptive_ids=str(ADAPTIVE), tree="1;x", self_test=False)
     assert selfspec.METHODS["sdsat-lossy"].lossless is False
     assert "NOT LOSSLESS" in selfspec.METHODS["sdsat-lossy"].help
+
+
+def test_sampling_tree_cost_and_depth(target):
+    """The fixed sampling tree is priced at its size; a fixed k cuts it to depth k."""
+    steep = CostProfile((1, 2, 4, 8, 32), (0.01, 0.011, 0.012, 0.015, 0.05), 256, "t")
+    b = PositionalAcceptance(steep, 8, prior=[0.6] * 8, first_probe=100)
+    assert b.choose(10) > 0 and b.choose(10, (5, 29)) == 0  # a chain pays, the 29-node tree does not
+    g = selfspec.load(target, "sdsat", adaptive_ids=str(ADAPTIVE), k=2, self_test=False)
+    r = g.generate(prompt_ids(2, 5), max_new_tokens=30, temperature=1.0, seed=3, ignore_eos=True)
+    verify_depths = r.drafted_per_step[2::2]
+    assert verify_depths and max(verify_depths) <= 2 and r.new_tokens == 30

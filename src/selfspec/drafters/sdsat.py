@@ -46,8 +46,9 @@ class SdsatConfig:
     """Options of ``sdsat`` / ``sdsat-lossy``.
 
     Attributes:
-        k: adaptive tokens per draft step (greedy); 0 = chosen each loop from the verify-cost
-            profile and the measured acceptance, at most ``max_k``.
+        k: adaptive tokens per draft step, fixed (sampling: the tree cut to depth k); 0 = chosen
+            each loop from the verify-cost profile and the measured acceptance (greedy: at most
+            ``max_k``; sampling: the whole tree or a plain step).
         max_k: largest k considered when ``k`` is 0.
         tree: sampling: children per parent at each depth, ``;`` between depths and ``,``
             between the parents of a depth (in node order; missing parents get none). Default:
@@ -133,22 +134,28 @@ class PositionalAcceptance:
     def rates(self) -> list[float]:
         return [h / t for h, t in zip(self.hits, self.tries)]
 
-    def value(self, k: int) -> float:
-        """Expected tokens per T(1) of a loop with k adaptive tokens (k = 0: plain steps, 1)."""
+    def value(self, k: int, verify_tokens: int | None = None) -> float:
+        """Expected tokens per T(1) of a loop with k adaptive tokens whose verify step runs
+        ``verify_tokens`` tokens (default k + 1, a chain); k = 0 (plain steps) is 1."""
         if k == 0 or self.profile is None:
             return 1.0
         expected, p = 2.0, 1.0
         for a in self.rates()[:k]:
             p *= a
             expected += p
-        return expected / (2 * self.profile.ratio(k + 1))
+        return expected / (self.profile.ratio(k + 1) + self.profile.ratio(verify_tokens or k + 1))
 
-    def choose(self, room: int) -> int:
+    def choose(self, room: int, tree: tuple[int, int] | None = None) -> int:
+        """k for the next loop (0 = a plain step), at most ``room``. ``tree`` = (depth, nodes) of a
+        fixed sampling tree: then only k = its depth is considered, verified at its size."""
         if self.profile is None:
-            return min(self.max_k, room)
-        ks = range(1, min(self.max_k, room) + 1)
-        best = max(ks, key=self.value, default=0)
-        if best and self.value(best) > 1.0:
+            return min(tree[0] if tree else self.max_k, room)
+        if tree is not None:
+            ks, size = ([tree[0]] if room >= 1 else []), tree[1]
+        else:
+            ks, size = range(1, min(self.max_k, room) + 1), None
+        best = max(ks, key=lambda k: self.value(k, size), default=0)
+        if best and self.value(best, size) > 1.0:
             self.probe_every = self.first_probe
             return best
         if best:
@@ -225,10 +232,13 @@ class SdsatDrafter:
             self.drafts = None
             return Proposal(tree, accept_rule=None if self.lossless or state.warper.greedy else sample_and_match)
         room = state.draft_room - 1  # the draft step itself commits one token first
-        if state.warper.greedy or not self.levels:
-            self.k = self.budget.choose(room) if room > 0 else 0
-        else:
-            self.k = len(self.levels) if room > 0 and self.budget.choose(room) > 0 else 0
+        if room <= 0:
+            self.k = 0
+        elif state.warper.greedy or not self.levels:
+            self.k = self.budget.choose(room)
+        else:  # the fixed sampling tree (cut to depth k when k is fixed): draft its depth, or not at all
+            depth = min(len(self.levels), self.cfg.k or len(self.levels))
+            self.k = depth if self.budget.choose(room, (depth, len(self.shape[0]))) else 0
         root = DraftTree.chain([state.pending])
         if self.k == 0:
             return Proposal(root)
@@ -246,9 +256,11 @@ class SdsatDrafter:
             toks = [sample(q[j], state.generator) for j in range(q.shape[0])]
             return DraftTree.chain([state.pending] + toks, torch.cat([q[:1] * 0, q]))
         parents, depths, ranks = self.shape
-        need = [0] * (len(self.levels) + 1)
+        deepest = min(len(self.levels), q.shape[0])
+        need = [0] * (deepest + 1)
         for d, r in zip(depths, ranks):
-            need[d] = max(need[d], r + 1)
+            if d <= deepest:
+                need[d] = max(need[d], r + 1)
         picks = [[]] + [ordered_sample(q[d - 1], max(need[d], self.cfg.candidates), state.generator)
                         for d in range(1, len(need))]
         keep = [0]
@@ -256,7 +268,7 @@ class SdsatDrafter:
         rows = [torch.zeros_like(q[0])]
         for i in range(1, len(parents)):
             d, r = depths[i], ranks[i]
-            if r >= len(picks[d]) or parents[i] not in keep:  # support smaller than the tree
+            if d > deepest or r >= len(picks[d]) or parents[i] not in keep:  # cut, or support < tree
                 continue
             keep.append(i)
             tokens.append(picks[d][r])
