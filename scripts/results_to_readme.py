@@ -16,7 +16,8 @@ def section(bench_dir: Path) -> str:
     env, g = meta["environment"], meta["generation"]
     draft = f", draft `{meta['draft_model']}`" if meta.get("draft_model") else ""
     lines = [
-        f"**{meta['model']}**{draft}: dataset `{meta['dataset']}` ({meta['prompts']} prompts), greedy, "
+        f"**{meta['model']}**{draft}: dataset `{meta['dataset']}` ({meta['prompts']} prompts), "
+        f"{'greedy' if not g.get('temperature') else 'temperature ' + str(g['temperature'])}, "
         f"max_new_tokens {g['max_new_tokens']}; machine `{env['machine']}`, torch {env['torch']}, "
         f"transformers {env['transformers']}, git {env['git']}.",
         "",
@@ -29,7 +30,8 @@ def section(bench_dir: Path) -> str:
         hf = f"{s['speedup_vs_hf']:.2f}x" if s.get("speedup_vs_hf") else "-"
         kernels = s.get("backend", "stock")
         kernels = "int8 (quantised)" if kernels == "int8" else kernels
-        lines.append(f"| {name} | {kernels} | {s['kind']} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {hf} "
+        label = name if s.get("lossless", True) else f"{name} (**NOT lossless**)"
+        lines.append(f"| {label} | {kernels} | {s['kind']} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {hf} "
                      f"| {tau} | {s.get('identical', '-')} | {p1} |")
     return "\n".join(lines)
 
