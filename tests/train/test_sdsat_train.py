@@ -190,3 +190,32 @@ def test_bad_input(tiny_dir, data_file, tmp_path, bad, capsys):
     assert train(tiny_dir, data_file, tmp_path / "x", *bad) == 2
     err = capsys.readouterr().err
     assert err.startswith("selfspec: error:") and "Traceback" not in err
+
+
+def test_interrupted_run_resumes_to_the_same_model(tiny_dir, data_file, tmp_path, monkeypatch):
+    """Interrupted right after its first checkpoint, then resumed: the same steps, history and
+    weights as a run that was never interrupted."""
+    from safetensors.torch import load_file
+
+    import selfspec.train.finetune as finetune_mod
+
+    monkeypatch.setattr(pipeline, "evaluation_prompts", lambda: ["w90 w91"])
+    args = ("--max-steps", "6", "--checkpoint-every", "3", "--lr", "3e-3", "--lora-rank", "4")
+    assert train(tiny_dir, data_file, tmp_path / "whole", *args) == 0
+    real = finetune_mod._checkpoint
+
+    def stop_after_first(acc, ckdir, state):
+        real(acc, ckdir, state)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(finetune_mod, "_checkpoint", stop_after_first)
+    assert train(tiny_dir, data_file, tmp_path / "cut", *args) == 130
+    monkeypatch.setattr(finetune_mod, "_checkpoint", real)
+    assert train(tiny_dir, data_file, tmp_path / "cut", *args, "--resume") == 0
+    h_whole = json.loads((tmp_path / "whole" / "train" / "history.json").read_text())["history"]
+    h_cut = json.loads((tmp_path / "cut" / "train" / "history.json").read_text())["history"]
+    assert [h["step"] for h in h_cut] == list(range(1, 7))
+    assert [round(h["loss"], 5) for h in h_cut] == [round(h["loss"], 5) for h in h_whole]
+    a = load_file(str(tmp_path / "whole" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

@@ -318,7 +318,7 @@ def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objecti
     model, optim, sched = acc.prepare(model, optim, sched)
     trdir = out / "train"
     ckdir = trdir / "checkpoints"
-    options = {"finetune": asdict(opts), objective.name: objective.options()}
+    options = {"finetune": asdict(opts), objective.name: objective.options(), "data": meta.get("data")}
     state = {"step": 0, "history": [], "val": [], "options": options}
     if resume and (ck := _latest_checkpoint(ckdir)) is not None:
         saved = json.loads((ck / "trainer_state.json").read_text())
