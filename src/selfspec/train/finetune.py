@@ -149,11 +149,15 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def save_adapter(model: torch.nn.Module, new_ids: list[int], out: Path) -> None:
-    """LoRA weights (fp16, peft layout) and the new token rows (fp32) into ``out``."""
+def save_adapter(model: torch.nn.Module, new_ids: list[int], out: Path, base_name: str = "") -> None:
+    """LoRA weights (fp16, peft layout) and the new token rows (fp32) into ``out``; the adapter's
+    config names the base model by ``base_name`` (not a local path)."""
     from safetensors.torch import load_file, save_file
 
     out.mkdir(parents=True, exist_ok=True)
+    if base_name:
+        for cfg in model.peft_config.values():
+            cfg.base_model_name_or_path = base_name
     model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
     (out / "README.md").unlink(missing_ok=True)  # peft's model-card template
     f = out / "adapter_model.safetensors"
@@ -371,7 +375,7 @@ def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objecti
                 "initial_validation": state["val"][0] if state["val"] else {}}
         adapter = out / "adapter"
         if opts.lora_rank > 0 and base_dir is not None:
-            save_adapter(trained, new_ids, adapter)
+            save_adapter(trained, new_ids, adapter, str(meta.get("base", "")))
             (adapter / META_FILE).write_text(json.dumps(info, indent=1) + "\n")
             apply_adapter(base_dir, adapter, out / "model.part", info)
             for p in (out / "model.part").iterdir():
