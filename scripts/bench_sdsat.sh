@@ -20,3 +20,9 @@ $S bench "${COMMON[@]}" --dataset mt-bench --limit ${T1_LIMIT:-5} --temperature 
    --methods ar,sdsat:k=5,sdsat-lossy:k=5 --out $OUT/smollm2-sdsat-mt-bench-t1
 .venv/bin/python scripts/sdsat_figures.py --bench $OUT/smollm2-sdsat-mt-bench $OUT/smollm2-sdsat-humaneval \
    $OUT/smollm2-sdsat-mt-bench-t1 --out $OUT/sdsat
+# README Results: every run so far
+R=$OUT
+.venv/bin/python scripts/results_to_readme.py README.md $R/smollm2 $R/qwen1.5b $R/smollm2-mtbench $R/qwen1.5b-humaneval \
+   $R/smollm2-kernels $R/qwen1.5b-kernels $R/qwen1.5b-humaneval-int8 $R/smollm2-self-spec $R/qwen1.5b-self-spec \
+   $R/smollm2-hass-mt-bench $R/smollm2-hass-humaneval $R/smollm2-hass-mt-bench-t1 \
+   $R/smollm2-sdsat-mt-bench $R/smollm2-sdsat-humaneval $R/smollm2-sdsat-mt-bench-t1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -28,9 +29,10 @@ def summarize(records: list[dict]) -> dict[str, dict]:
     for r in records:
         if r.get("kind") == "method":
             by.setdefault(r["method"], []).append(r)
-    ar = {r["prompt_id"]: r for r in by.get("ar", [])}
     out = {}
     for name, recs in by.items():
+        backend = name.partition("@")[2]  # compare against ar on the same kernels backend
+        ar = {r["prompt_id"]: r for r in by.get("ar" + (f"@{backend}" if backend else ""), [])}
         steps = [lp for r in recs for lp in loops(r)]
         kmax = max((k for k, _ in steps), default=0)
         reach = [sum(1 for k, a in steps if k >= j) for j in range(1, kmax + 1)]
@@ -97,8 +99,8 @@ def main() -> None:
         for name, m in r["methods"].items():
             if m["acceptance_by_position"] and ":k=" in name:
                 accs = m["acceptance_by_position"]
-                axes[0].plot(range(1, len(accs) + 1), accs, marker="o", label=f"{run.split('-')[-1]} {name}")
-        ks = sorted((int(n.split("k=")[1].split(":")[0]), m) for n, m in r["methods"].items()
+                axes[0].plot(range(1, len(accs) + 1), accs, marker="o", label=f"{run.removeprefix('smollm2-sdsat-')} T={r['temperature']:g} {name}")
+        ks = sorted((int(re.split(r"[^0-9]", n.split("k=")[1])[0]), m) for n, m in r["methods"].items()
                     if n.startswith("sdsat:k=") and r["temperature"] == 0)
         if len(ks) > 1:
             axes[1].plot([k for k, _ in ks], [m["tokens_per_loop"] for _, m in ks], marker="o",
@@ -112,7 +114,7 @@ def main() -> None:
     axes[0].legend(fontsize=7)
     axes[1].set_xlabel("k (adaptive tokens per loop)")
     axes[1].legend(fontsize=7)
-    fig.suptitle("SDSAT on SmolLM2-135M-Instruct (greedy): acceptance by position and the k sweep")
+    fig.suptitle("SDSAT on SmolLM2-135M-Instruct: acceptance by position and the k sweep")
     fig.tight_layout()
     fig.savefig(out / "acceptance.png", dpi=110)
 
