@@ -99,7 +99,8 @@ def main() -> None:
         for name, m in r["methods"].items():
             if m["acceptance_by_position"] and ":k=" in name:
                 accs = m["acceptance_by_position"]
-                axes[0].plot(range(1, len(accs) + 1), accs, marker="o", label=f"{run.removeprefix('smollm2-sdsat-')} T={r['temperature']:g} {name}")
+                label = f"{run.removeprefix('smollm2-sdsat-')} T={r['temperature']:g} {name}"
+                axes[0].plot(range(1, len(accs) + 1), accs, marker="o", label=label)
         ks = sorted((int(re.split(r"[^0-9]", n.split("k=")[1])[0]), m) for n, m in r["methods"].items()
                     if n.startswith("sdsat:k=") and r["temperature"] == 0)
         if len(ks) > 1:
