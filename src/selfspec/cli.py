@@ -70,8 +70,11 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
                         "4;3,2,2,1;3,2,2,1;3,2;3; '' = one sample per adaptive token)")
     p.add_argument("--adaptive-ids", default=None,
                    help="sdsat: adaptive token id(s) (default: from the fine-tuned model's selfspec_finetune.json)")
+    p.add_argument("--mask-id", type=int, default=None,
+                   help="space: the [MASK] token id (default: from the fine-tuned model's selfspec_finetune.json)")
     p.add_argument("--k", type=int, default=None,
-                   help="draft length (fixed unless --auto-k is kept on; sdsat: adaptive tokens, fixed)")
+                   help="draft length (fixed unless --auto-k is kept on; sdsat: adaptive tokens, space: masks per "
+                        "group, fixed)")
     p.add_argument("--fixed-k", action="store_true", help="use --k as a fixed draft length instead of the cost profile")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -122,12 +125,19 @@ def method_options(args: argparse.Namespace, method: str, strict: bool = True) -
             opts["k"] = args.k
     elif any(v is not None for v in sd.values()) and strict:
         raise SelfspecError(f"--sdsat-tree/--adaptive-ids are only used by sdsat, not {method}")
+    if method in ("space", "space-lossy"):
+        if getattr(args, "mask_id", None) is not None:
+            opts["mask_id"] = args.mask_id
+        if args.k is not None:
+            opts["k"] = args.k
+    elif getattr(args, "mask_id", None) is not None and strict:
+        raise SelfspecError(f"--mask-id is only used by space, not {method}")
     if method in ("pld", "draft-model", "self-spec"):
         if args.k is not None:
             opts["k"] = args.k
         if args.fixed_k:
             opts["auto_k"] = False
-    elif (args.k is not None and not method.startswith("sdsat") or args.fixed_k) and strict:
+    elif (args.k is not None and not method.startswith(("sdsat", "space")) or args.fixed_k) and strict:
         raise SelfspecError(f"--k/--fixed-k do not apply to --method {method}")
     return opts
 
@@ -322,8 +332,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train a draft head: data -> features -> Accelerate training (resumable at every stage)."""
     from pathlib import Path
 
-    if args.what == "sdsat":
-        return cmd_train_sdsat(args)
+    if args.what in ("sdsat", "space"):
+        return cmd_train_finetune(args)
     if args.data is None:
         args.data = "sharegpt:224,sharegpt-answers:300,code:60"
     if args.lr is None:
@@ -377,20 +387,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train_sdsat(args: argparse.Namespace) -> int:
-    """Fine-tune the model with SDSAT adaptive tokens (LoRA or full), then write the model directory."""
+def _finetune_objective(args: argparse.Namespace):
+    """The objective of ``train sdsat`` / ``train space`` (checks its options), and a summary
+    of its validation metrics."""
+    if args.what == "sdsat":
+        from .train.sdsat import SdsatObjective, SdsatOptions
+
+        sd = SdsatOptions(window=args.window, start_fraction=args.start_fraction, weight=args.adaptive_weight,
+                          clean_fraction=args.clean_fraction, distinct=args.distinct_tokens, loss_at=args.loss_at)
+        return SdsatObjective(sd), sd.window
+    from .train.space import SpaceObjective, SpaceOptions
+
+    sp = SpaceOptions(k=args.masks, p_ar=args.p_ar, groups=args.groups, mask_weight=args.mask_weight)
+    return SpaceObjective(sp), sp.k
+
+
+def cmd_train_finetune(args: argparse.Namespace) -> int:
+    """Fine-tune the model itself (SDSAT adaptive tokens or SPACE masks; LoRA or full), then
+    write the model directory."""
     from pathlib import Path
 
     from .train.finetune import FinetuneOptions, finetune
     from .train.pipeline import DataOptions, prepare_examples
-    from .train.sdsat import SdsatObjective, SdsatOptions
 
-    sd = SdsatOptions(window=args.window, start_fraction=args.start_fraction, weight=args.adaptive_weight,
-                      clean_fraction=args.clean_fraction, distinct=args.distinct_tokens, loss_at=args.loss_at)
-    objective = SdsatObjective(sd)  # checks the options
+    objective, depth = _finetune_objective(args)
     lr = args.lr if args.lr is not None else (3e-4 if args.lora_rank else 1e-4)
     if args.epochs < 1 or lr <= 0 or args.batch_size < 1 or args.lora_rank < 0 or args.max_steps < 0:
-        raise SelfspecError("train sdsat needs --epochs >= 1, --lr > 0, --batch-size >= 1, --lora-rank >= 0 "
+        raise SelfspecError(f"train {args.what} needs --epochs >= 1, --lr > 0, --batch-size >= 1, --lora-rank >= 0 "
                             "and --max-steps >= 0")
     if args.max_len < 8:
         raise SelfspecError("--max-len must be at least 8")
@@ -421,11 +444,11 @@ def cmd_train_sdsat(args: argparse.Namespace) -> int:
     res = finetune(target.model, target.tokenizer, examples, objective, out, opts, meta, target.path,
                    resume=args.resume, progress=not args.no_progress, accelerator=acc)
     if acc.is_main_process:
-        accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(2, sd.window + 2) if f"acc{j}" in res)
-        print(f"sdsat ({'LoRA r=' + str(opts.lora_rank) if opts.lora_rank else 'full fine-tuning'}): {res['steps']} "
-              f"steps on {meta['tokens']} tokens ({len(examples)} examples); validation plain loss "
+        accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(2, depth + 2) if f"acc{j}" in res)
+        print(f"{args.what} ({'LoRA r=' + str(opts.lora_rank) if opts.lora_rank else 'full fine-tuning'}): "
+              f"{res['steps']} steps on {meta['tokens']} tokens ({len(examples)} examples); validation plain loss "
               f"{res.get('plain', float('nan')):.3f}, draft top-1 accuracy at offsets 2..: {accs or 'n/a'}")
-        print(f"model: {out}   (use: --model {out} --method sdsat, or --method ar for the same model)")
+        print(f"model: {out}   (use: --model {out} --method {args.what}, or --method ar for the same model)")
     return 0
 
 
@@ -503,16 +526,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.set_defaults(func=cmd_tune)
 
-    tr = sub.add_parser("train", help="train with Accelerate: a draft head (hass) or the model itself (sdsat)")
-    tr.add_argument("what", choices=["hass", "sdsat"],
+    tr = sub.add_parser("train", help="train with Accelerate: a draft head (hass) or the model itself (sdsat, space)")
+    tr.add_argument("what", choices=["hass", "sdsat", "space"],
                     help="hass: an EAGLE draft head (EAGLE or HASS objective); sdsat: fine-tune the model with "
-                         "semantic adaptive tokens (writes a model directory)")
+                         "semantic adaptive tokens; space: fine-tune it with [MASK] groups (both write a model "
+                         "directory)")
     tr.add_argument("--model", required=True, help="target: bundled name, local HF directory, .gguf file or hub id")
     tr.add_argument("--out", required=True, help="output directory (the head; also features/ and train/ inside)")
     tr.add_argument("--data", default=None,
                     help="comma-separated sources: sharegpt[:N] (answers regenerated with --regenerate), "
                          "sharegpt-answers[:N] (ShareGPT's answers kept), code[:N] (Python stdlib), or a JSONL file "
-                         "of conversations (default hass: sharegpt:224,sharegpt-answers:300,code:60; sdsat: "
+                         "of conversations (default hass: sharegpt:224,sharegpt-answers:300,code:60; sdsat and space: "
                          "sharegpt:224,sharegpt-answers:150,code:240); evaluation prompts are always excluded")
     tr.add_argument("--max-len", type=int, default=512, help="tokens per example at most (default 512)")
     tr.add_argument("--regenerate", type=int, default=0,
@@ -526,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--topk-weight", type=float, default=None, help="its weight (default: eagle 0, hass 1)")
     tr.add_argument("--epochs", type=int, default=2, help="epochs (default 2)")
     tr.add_argument("--lr", type=float, default=None,
-                    help="AdamW peak learning rate (default 3e-4; sdsat full fine-tuning 1e-4)")
+                    help="AdamW peak learning rate (default 3e-4; sdsat/space full fine-tuning 1e-4)")
     tr.add_argument("--batch-size", type=int, default=4, help="sequences per process and step (default 4)")
     tr.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features (default 0.1)")
     tr.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
@@ -539,8 +563,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="L distinct adaptive tokens (paper appendix B) instead of one repeated")
     sg.add_argument("--loss-at", default="label", choices=["label", "input"],
                     help="label: the paper's eq. 6 (default); input: score the output at every adaptive token")
-    sg.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16); 0 = full fine-tuning")
-    sg.add_argument("--max-steps", type=int, default=0, help="optimiser steps (default 0: --epochs decides)")
+    sp = tr.add_argument_group("space")
+    sp.add_argument("--masks", type=int, default=5, help="k: masks per group = tokens drafted per step (default 5)")
+    sp.add_argument("--p-ar", type=float, default=0.5, help="share of sequences trained as plain SFT (default 0.5)")
+    sp.add_argument("--groups", type=int, default=1,
+                    help="mask groups per masked sequence: 1 = cut and truncate as the official code (default); "
+                         "G > 1 = keep the sequence and supervise G cut points (small budgets)")
+    sp.add_argument("--mask-weight", type=float, default=1.0, help="loss weight of mask positions (default 1)")
+    ft = tr.add_argument_group("sdsat and space")
+    ft.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16); 0 = full fine-tuning")
+    ft.add_argument("--max-steps", type=int, default=0, help="optimiser steps (default 0: --epochs decides)")
     tr.add_argument("--seed", type=int, default=0, help="training seed (order, noise, init)")
     tr.add_argument("--data-seed", type=int, default=42, help="data shuffling seed")
     tr.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")

@@ -15,6 +15,7 @@ from .drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter
 from .drafters.sdsat import SdsatConfig, SdsatDrafter, check_ids, parse_tree
 from .drafters.self_spec import DRAFT_EXITS, SelfSpecConfig, SelfSpecDrafter
 from .drafters.skip_config import GammaSettings, find
+from .drafters.space import SpaceConfig, SpaceDrafter
 from .errors import SelfspecError
 from .models.loading import LoadedModel, load_model
 from .models.skipping import SkipSet, decoder_layers
@@ -196,6 +197,35 @@ def _build_sdsat(method: str):
     return build
 
 
+def space_mask_id(target: LoadedModel, cfg: SpaceConfig) -> tuple[int, dict | None]:
+    """The ``[MASK]`` id of ``space``: ``cfg.mask_id``, else the model directory's
+    ``selfspec_finetune.json`` (with that file's metadata)."""
+    from .train.finetune import read_meta
+
+    vocab = target.model.get_input_embeddings().weight.shape[0]
+    meta = read_meta(target.path)
+    if cfg.mask_id >= 0:
+        return check_ids([cfg.mask_id], vocab)[0], meta
+    if meta is None or meta.get("method") != "space":
+        raise SelfspecError(
+            f"model '{target.name}' was not fine-tuned for space (no space selfspec_finetune.json): use "
+            "--model smollm2-135m-instruct-space, train one with `selfspec train space --model M --out DIR`, "
+            "or name the mask token with mask_id=ID")
+    return check_ids(list(meta["new_ids"]), vocab)[0], meta
+
+
+def _build_space(method: str):
+    def build(target: LoadedModel, cfg: SpaceConfig, ctx: BuildContext) -> Drafter:
+        if cfg.k < 0 or cfg.max_k < 1:
+            raise SelfspecError(f"{method} needs k >= 0 and max_k >= 1")
+        mask_id, meta = space_mask_id(target, cfg)
+        val = (meta or {}).get("validation", {})
+        prior = [val[f"acc{j}"] for j in range(2, (cfg.k or cfg.max_k) + 2) if f"acc{j}" in val]
+        profile = load_or_measure(target.model, target.name, target.backend) if cfg.k == 0 else None
+        return SpaceDrafter(method, mask_id, cfg, profile, prior)
+    return build
+
+
 METHODS: dict[str, MethodSpec] = {
     "ar": MethodSpec(NoOptions, _build_ar, True, "plain autoregressive decoding on the same loop (the baseline)"),
     "pld": MethodSpec(PromptLookupConfig, _build_pld, True, "prompt lookup: drafts copied from earlier text"),
@@ -213,6 +243,12 @@ METHODS: dict[str, MethodSpec] = {
     "sdsat-lossy": MethodSpec(SdsatConfig, _build_sdsat("sdsat-lossy"), False,
                               "NOT LOSSLESS when sampling: SDSAT with the paper's sample-and-match verifier "
                               "(greedy is still exact); for reproducing the paper"),
+    "space": MethodSpec(SpaceConfig, _build_space("space"), True,
+                        "SPACE: a fine-tuned model drafts k tokens from k [MASK] tokens and verifies the last "
+                        "step's drafts in the same forward (sampling: lossless residual rule)"),
+    "space-lossy": MethodSpec(SpaceConfig, _build_space("space-lossy"), False,
+                              "NOT LOSSLESS when sampling: SPACE with the paper's rule (next token from the target "
+                              "after a rejection, not the residual; greedy is still exact); for reproducing the paper"),
 }
 
 

@@ -240,3 +240,35 @@ def test_sdsat_drafts_right_for_exactly_j(target, references, j):
         assert r.token_ids == ref
         steps = [(c, dep) for c, dep in zip(r.committed_per_step[1:], r.drafted_per_step[1:]) if dep > 0]
         assert steps and all(c == min(j, dep) + 1 for c, dep in steps[:-1])  # the last may stop at EOS
+
+
+@pytest.mark.parametrize("opts", [dict(k=1), dict(k=5), dict()], ids=["k1", "k5", "cost-sized"])
+def test_space_matches_generate(target, references, opts):
+    g = selfspec.load(target, "space", mask_id=VOCAB - 1, self_test=False, **opts)
+    g.drafter = InvariantChecker(g.drafter)
+    for p, ref in zip(PROMPTS, references):
+        assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref
+
+
+@pytest.mark.parametrize("j", range(K + 1))
+def test_space_drafts_right_for_exactly_j(target, references, j):
+    """The mask group's candidates are replaced by candidates whose first j tokens are the
+    reference continuation: each step verifying candidates accepts exactly j (fewer only where
+    max_new_tokens cuts them), and the ids are still those of ``generate``."""
+    g = selfspec.load(target, "space", mask_id=VOCAB - 1, k=K, self_test=False)
+    d = g.drafter
+    ctx: dict = {}
+    observe = d.observe
+
+    def oracle_observe(state, proposal, verdict, out):
+        observe(state, proposal, verdict, out)
+        fut = ctx["ref"][len(state.ids) - ctx["plen"]:]
+        d.cands = fut[:j] + [(t + 1) % VOCAB for t in fut[j:K]]
+
+    d.observe = oracle_observe
+    for p, ref in zip(PROMPTS, references):
+        ctx["plen"], ctx["ref"] = len(p), ref
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        steps = [(c, dep) for c, dep in zip(r.committed_per_step[1:], r.drafted_per_step[1:]) if dep > 0]
+        assert steps and all(c == min(j, dep) + 1 for c, dep in steps[:-1])

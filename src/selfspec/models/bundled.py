@@ -110,6 +110,9 @@ FINETUNED: dict[str, FineTunedModel] = {
         FineTunedModel("smollm2-135m-instruct-sdsat", "smollm2-135m-instruct", "sdsat",
                        "SmolLM2-135M-Instruct fine-tuned with SDSAT adaptive tokens (LoRA, merged)",
                        "bash scripts/train_sdsat.sh"),
+        FineTunedModel("smollm2-135m-instruct-space", "smollm2-135m-instruct", "space",
+                       "SmolLM2-135M-Instruct fine-tuned with SPACE [MASK] groups (LoRA, merged)",
+                       "bash scripts/train_space.sh"),
     )
 }
 

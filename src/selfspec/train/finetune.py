@@ -407,7 +407,7 @@ def plot_history(state: dict, path: Path, title: str) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     steps = [h["step"] for h in hist]
     window = max(1, len(hist) // 30)
-    for key in ("loss", "plain", "adapt"):
+    for key in ("loss", "plain", "adapt", "mask"):
         ys = [h[key] for h in hist if key in h]
         if len(ys) != len(steps):
             continue

@@ -1,0 +1,156 @@
+"""``space``: SPACE's auto-correct decoding - draft and verify in the same forward.
+
+SPACE (paper section 3.2, Alg. 1; spec ``sdsat_space.md`` 2.2-2.3) fine-tunes the model so that
+k ``[MASK]`` tokens appended after a text predict its next k + 1 .. 2 tokens. Each step is one
+forward over the pending token, the k candidates of the previous step, and k + 1 groups of k
+masks, group g anchored after candidate g (layout: :func:`selfspec.core.mask_groups.mask_groups`,
+shared with the trainer). On the one decode loop the candidates are the draft tree (a chain) and
+the mask groups ride along as piggyback tokens (their KV is never committed; accepted candidates'
+KV is committed by the loop as for any draft). The candidates are verified left to right; the
+next candidates are read from the group after the last accepted token.
+
+* Greedy: candidates are the argmax of each mask; the shared greedy rule makes the ids exactly
+  ``ar``'s.
+* Sampling (``space``): each candidate is sampled from its mask's warped distribution p_i, kept
+  whole, and verified by the shared lossless rule (accept with min(1, Q/p), on rejection sample
+  from norm(max(0, Q - p_i))).
+* ``space-lossy``: the paper's Alg. 1 / official code - after a rejection the next token is
+  sampled from Q instead of the residual. **Not lossless** (the output is a mixture of Q and
+  norm(min(p, Q))); kept to reproduce the paper and as the distribution tests' negative control.
+
+k (masks per group, hence candidates per step) comes from the verify-cost profile when
+``k = 0``: a step over k candidates costs T(1 + k + (k + 1) k) and yields 1 + sum_j prod_{i<=j}
+a_i tokens; when no k beats a plain step the loop runs plain steps, probing now and then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.acceptance import Verdict
+from ..core.cost import CostProfile
+from ..core.mask_groups import mask_groups
+from ..core.sampling import Warper, sample
+from ..core.tree import DraftTree
+from ..decoding.state import DecodeState, VerifyOutput
+from .base import Piggyback, Proposal
+from .sdsat import PositionalAcceptance
+
+
+@dataclass(frozen=True)
+class SpaceConfig:
+    """Options of ``space`` / ``space-lossy``.
+
+    Attributes:
+        k: masks per group (= candidates per step), fixed; 0 = chosen each step from the
+            verify-cost profile and the measured acceptance, at most ``max_k`` (paper: 5).
+        max_k: largest k considered when ``k`` is 0.
+        mask_id: the ``[MASK]`` token id; -1 (default) = read from the model directory's
+            ``selfspec_finetune.json`` (written by ``selfspec train space``).
+    """
+
+    k: int = 0
+    max_k: int = 6
+    mask_id: int = -1
+
+
+def step_tokens(k: int, candidates: int | None = None) -> int:
+    """Tokens in one forward: the pending token, ``candidates`` (default k) candidates and
+    ``candidates + 1`` groups of ``k`` masks (36 for the paper's k = 5)."""
+    c = k if candidates is None else candidates
+    return 1 + c + (c + 1) * k
+
+
+class SpaceAcceptance(PositionalAcceptance):
+    """Acceptance by candidate position; values a step of k candidates at
+    ``(1 + sum_j prod_{i<=j} a_i) / T(step_tokens(k))`` (a plain step is 1 / T(1))."""
+
+    def value(self, k: int, verify_tokens: int | None = None) -> float:
+        if k == 0 or self.profile is None:
+            return 1.0
+        expected, p = 1.0, 1.0
+        for a in self.rates()[:k]:
+            p *= a
+            expected += p
+        return expected / self.profile.ratio(verify_tokens or step_tokens(k))
+
+
+def accept_paper(tree: DraftTree, target_logits: torch.Tensor, warper: Warper,
+                 generator: torch.Generator | None) -> Verdict:
+    """The paper's acceptance (``space-lossy``; NOT lossless): candidate i is accepted with
+    probability min(1, Q(c_i) / p_i(c_i)); the next token is then sampled from Q at the last
+    accepted node - after a rejection too, where the residual would be exact."""
+    tokens = tree.token_list
+    path = [0]
+    for node in range(1, tree.size):  # a chain: node i is candidate i
+        q = warper.probs(target_logits[node - 1])
+        px = float(tree.draft_probs[node, tokens[node]])
+        u = float(torch.rand((), generator=generator, device=q.device))
+        if not (px > 0 and u * px < float(q[tokens[node]])):
+            break
+        path.append(node)
+    return Verdict(path, sample(warper.probs(target_logits[path[-1]]), generator))
+
+
+class SpaceDrafter:
+    """Candidates from the previous step's mask group, verified while the next groups are read.
+
+    Args:
+        name: ``space`` or ``space-lossy``.
+        mask_id: the ``[MASK]`` token.
+        cfg: options.
+        profile: the target's verify-cost profile (None: fixed k).
+        prior: expected acceptance by candidate position (the fine-tune's validation accuracy).
+    """
+
+    needs_hidden = False
+
+    def __init__(self, name: str, mask_id: int, cfg: SpaceConfig, profile: CostProfile | None,
+                 prior: list[float] | None = None) -> None:
+        self.name = name
+        self.lossless = name == "space"
+        self.mask_id = mask_id
+        self.cfg = cfg
+        self.budget = SpaceAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
+        self.cands: list[int] = []  # candidates for the next step
+        self.probs: torch.Tensor | None = None  # [len(cands), V] their warped draft distributions
+
+    def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
+        self.cands, self.probs = [], None
+
+    def propose(self, state: DecodeState) -> Proposal:
+        room = state.draft_room
+        c = min(len(self.cands), room)
+        k = self.budget.choose(max(1, room - 1)) if room > 1 else 0  # masks for the next step
+        if k == 0 and c and self.budget.profile is not None and self.budget.value(c, c + 1) <= 1.0:
+            c = 0  # verifying the candidates alone does not pay either
+        toks = [state.pending] + self.cands[:c]
+        probs = None
+        if c and self.probs is not None:
+            probs = torch.cat([torch.zeros_like(self.probs[:1]), self.probs[:c]])
+        tree = DraftTree.chain(toks, probs)
+        rule = None if self.lossless or state.warper.greedy else accept_paper
+        if k == 0:
+            return Proposal(tree, accept_rule=rule)
+        block, rel = mask_groups(c + 1, list(range(c + 1)), k)
+        base = len(state.ids) - 1  # cache length: the pending token sits at position base
+        pig = Piggyback(torch.full((rel.numel(),), self.mask_id, dtype=torch.long), rel + base, block[c + 1 :])
+        return Proposal(tree, pig, rule)
+
+    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
+        depth = proposal.tree.size - 1
+        if depth > 0:
+            self.budget.update(depth, verdict.num_accepted)
+        self.cands, self.probs = [], None
+        if proposal.piggyback is None:
+            return
+        k = proposal.piggyback.tokens.numel() // proposal.tree.size
+        g = verdict.num_accepted  # the group anchored after the last accepted token
+        logits = out.piggyback_logits[g * k : (g + 1) * k].float()
+        if state.warper.greedy:
+            self.cands = logits.argmax(-1).tolist()
+            return
+        self.probs = state.warper.probs(logits)
+        self.cands = [sample(self.probs[j], state.generator) for j in range(k)]
