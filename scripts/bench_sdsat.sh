@@ -18,7 +18,7 @@ $S bench "${COMMON[@]}" --dataset humaneval --limit ${HE_LIMIT:-10} \
    --methods ar,sdsat,sdsat:k=1,sdsat:k=2,sdsat:k=3,sdsat:k=4,sdsat:k=6,sdsat:k=8 --out $OUT/smollm2-sdsat-humaneval
 $S bench "${COMMON[@]}" --dataset mt-bench --limit ${T1_LIMIT:-5} --temperature 1.0 \
    --methods ar,sdsat:k=5,sdsat-lossy:k=5 --out $OUT/smollm2-sdsat-mt-bench-t1
-.venv/bin/python scripts/sdsat_figures.py --bench $OUT/smollm2-sdsat-mt-bench $OUT/smollm2-sdsat-humaneval \
+.venv/bin/python scripts/selfdraft_figures.py --method sdsat --bench $OUT/smollm2-sdsat-mt-bench $OUT/smollm2-sdsat-humaneval \
    $OUT/smollm2-sdsat-mt-bench-t1 --out $OUT/sdsat
 # README Results: every run so far
 R=$OUT

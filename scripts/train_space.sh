@@ -12,10 +12,16 @@ M=${MODEL:-smollm2-135m-instruct}
 HOME_DIR=${SELFSPEC_HOME:-$HOME/.cache/selfspec}
 OUT=$HOME_DIR/finetune/$M-space
 mkdir -p "$OUT/data"
-# reuse the self-distilled answers made for the HASS heads / SDSAT (same prompts), if they exist
-for src in "$HOME_DIR/finetune/$M-sdsat/data/answers.jsonl" "$HOME_DIR/heads/$M-features/answers.jsonl"; do
-    if [ -f "$src" ] && [ ! -f "$OUT/data/answers.jsonl" ]; then cp "$src" "$OUT/data/answers.jsonl"; fi
+# reuse the data SDSAT was trained on (same sources and options: examples.pt is remade if they differ),
+# or at least the self-distilled answers made for the HASS heads (same prompts)
+for f in examples.pt answers.jsonl; do
+    if [ -f "$HOME_DIR/finetune/$M-sdsat/data/$f" ] && [ ! -f "$OUT/data/$f" ]; then
+        cp "$HOME_DIR/finetune/$M-sdsat/data/$f" "$OUT/data/$f"
+    fi
 done
+if [ -f "$HOME_DIR/heads/$M-features/answers.jsonl" ] && [ ! -f "$OUT/data/answers.jsonl" ]; then
+    cp "$HOME_DIR/heads/$M-features/answers.jsonl" "$OUT/data/answers.jsonl"
+fi
 "$SELFSPEC" train space --model "$M" --out "$OUT" \
     --data "${DATA:-sharegpt:224,sharegpt-answers:150,code:240}" --regenerate "${REGEN:-160}" \
     --max-len "${MAXLEN:-384}" --masks "${MASKS:-5}" --groups "${GROUPS:-8}" --p-ar "${PAR:-0.5}" \

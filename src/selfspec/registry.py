@@ -15,7 +15,7 @@ from .drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter
 from .drafters.sdsat import SdsatConfig, SdsatDrafter, check_ids, parse_tree
 from .drafters.self_spec import DRAFT_EXITS, SelfSpecConfig, SelfSpecDrafter
 from .drafters.skip_config import GammaSettings, find
-from .drafters.space import SpaceConfig, SpaceDrafter
+from .drafters.space import SpaceConfig, SpaceDrafter, step_tokens
 from .errors import SelfspecError
 from .models.loading import LoadedModel, load_model
 from .models.skipping import SkipSet, decoder_layers
@@ -221,7 +221,8 @@ def _build_space(method: str):
         mask_id, meta = space_mask_id(target, cfg)
         val = (meta or {}).get("validation", {})
         prior = [val[f"acc{j}"] for j in range(2, (cfg.k or cfg.max_k) + 2) if f"acc{j}" in val]
-        profile = load_or_measure(target.model, target.name, target.backend) if cfg.k == 0 else None
+        extra = tuple(step_tokens(k) for k in range(2, cfg.max_k + 1))  # masked forwards: up to 1 + k(k + 2)
+        profile = load_or_measure(target.model, target.name, target.backend, extra_qs=extra) if cfg.k == 0 else None
         return SpaceDrafter(method, mask_id, cfg, profile, prior)
     return build
 

@@ -13,9 +13,9 @@ from selfspec.core.cost import CostProfile
 from selfspec.core.tree import DraftTree
 from selfspec.decoding import loop
 from selfspec.drafters.base import Proposal
+from selfspec.drafters.budget import PositionalAcceptance
 from selfspec.drafters.sdsat import (
     PAPER_TREE,
-    PositionalAcceptance,
     ordered_sample,
     parse_tree,
     tree_shape,

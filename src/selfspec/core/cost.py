@@ -122,19 +122,25 @@ def profile_path(key: str) -> Path:
 
 
 def load_or_measure(model: torch.nn.Module, model_name: str, backend: str = "stock",
-                    remeasure: bool = False) -> CostProfile:
-    """The cached profile for this model and machine, measured (and cached) if missing."""
+                    remeasure: bool = False, extra_qs: tuple[int, ...] = ()) -> CostProfile:
+    """The cached profile for this model and machine, measured (and cached) if missing.
+
+    ``extra_qs``: larger block sizes a method needs priced by measurement rather than
+    extrapolation (SPACE's masked forwards run 1 + k + (k + 1) k tokens); a cached profile
+    without them is measured again with them."""
     key = profile_key(model, model_name, backend)
     path = profile_path(key)
+    qs = tuple(sorted(set(DEFAULT_QS) | set(extra_qs)))
     if path.is_file() and not remeasure:
         try:
             prof = CostProfile.from_json(json.loads(path.read_text()))
-            if prof.key == key:
+            if prof.key == key and set(extra_qs) <= set(prof.qs):
                 return prof
+            qs = tuple(sorted(set(qs) | set(prof.qs)))
         except (json.JSONDecodeError, KeyError, TypeError):
             pass
     print(f"selfspec: measuring the verify cost profile of {model_name} on this machine (once) ...", file=sys.stderr)
-    prof = measure(model, key)
+    prof = measure(model, key, qs)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(prof.to_json(), indent=1))

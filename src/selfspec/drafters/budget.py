@@ -4,6 +4,10 @@ For a chain of k drafts, each accepted with probability alpha (the online estima
 expected tokens per step are ``(1 - alpha^(k+1)) / (1 - alpha)`` and the cost is
 ``T(k+1) + k * c`` in units of T(1), where ``c`` is the measured cost of drafting one token.
 The budget picks the k with the best tokens per unit cost.
+
+:class:`PositionalAcceptance` keeps the acceptance of each draft position separately (the
+fine-tuned self-drafting methods, whose position j is a different token - adaptive token or mask
+j - with its own accuracy); methods price a loop by overriding ``value``.
 """
 
 from __future__ import annotations
@@ -101,3 +105,57 @@ class ChainBudget:
         if draft_seconds is not None and drafted > 0:
             per_tok = draft_seconds / drafted
             self.draft_cost = per_tok if self.draft_cost == 0 else 0.8 * self.draft_cost + 0.2 * per_tok
+
+
+class PositionalAcceptance:
+    """Acceptance of draft position j given positions < j were accepted, with exponential
+    forgetting; chooses k from a cost profile (see module docstring)."""
+
+    def __init__(self, profile: CostProfile | None, max_k: int, prior: list[float] | None = None,
+                 decay: float = 0.97, first_probe: int = 8, max_probe: int = 64) -> None:
+        self.profile, self.max_k, self.decay = profile, max_k, decay
+        prior = list(prior or [])
+        self.hits = [2.0 * (prior[j] if j < len(prior) else 0.3) for j in range(max_k)]
+        self.tries = [2.0] * max_k
+        self.first_probe, self.max_probe = first_probe, max_probe
+        self.probe_every, self.since = first_probe, 0
+
+    def rates(self) -> list[float]:
+        return [h / t for h, t in zip(self.hits, self.tries)]
+
+    def value(self, k: int, verify_tokens: int | None = None) -> float:
+        """Expected tokens per T(1) of a loop with k adaptive tokens whose verify step runs
+        ``verify_tokens`` tokens (default k + 1, a chain); k = 0 (plain steps) is 1."""
+        if k == 0 or self.profile is None:
+            return 1.0
+        expected, p = 2.0, 1.0
+        for a in self.rates()[:k]:
+            p *= a
+            expected += p
+        return expected / (self.profile.ratio(k + 1) + self.profile.ratio(verify_tokens or k + 1))
+
+    def choose(self, room: int, tree: tuple[int, int] | None = None) -> int:
+        """k for the next loop (0 = a plain step), at most ``room``. ``tree`` = (depth, nodes) of a
+        fixed sampling tree: then only k = its depth is considered, verified at its size."""
+        if self.profile is None:
+            return min(tree[0] if tree else self.max_k, room)
+        if tree is not None:
+            ks, size = ([tree[0]] if room >= 1 else []), tree[1]
+        else:
+            ks, size = range(1, min(self.max_k, room) + 1), None
+        best = max(ks, key=lambda k: self.value(k, size), default=0)
+        if best and self.value(best, size) > 1.0:
+            self.probe_every = self.first_probe
+            return best
+        if best:
+            self.since += 1
+            if self.since >= self.probe_every:
+                self.since = 0
+                self.probe_every = min(2 * self.probe_every, self.max_probe)
+                return best
+        return 0
+
+    def update(self, proposed: int, accepted: int) -> None:
+        for j in range(min(proposed, accepted + 1, self.max_k)):
+            self.hits[j] = self.hits[j] * self.decay + (1.0 if j < accepted else 0.0)
+            self.tries[j] = self.tries[j] * self.decay + 1.0

@@ -37,6 +37,7 @@ from ..core.tree import DraftTree
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .base import Piggyback, Proposal
+from .budget import PositionalAcceptance
 
 PAPER_TREE = "4;3,2,2,1;3,2,2,1;3,2;3"  # children per parent by depth: the paper's depth-5 tree (28 nodes)
 
@@ -116,60 +117,6 @@ def without(q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
         r[tokens] = 0
     s = r.sum()
     return r / s if s > 0 else r
-
-
-class PositionalAcceptance:
-    """Acceptance of draft position j given positions < j were accepted, with exponential
-    forgetting; chooses k from a cost profile (see module docstring)."""
-
-    def __init__(self, profile: CostProfile | None, max_k: int, prior: list[float] | None = None,
-                 decay: float = 0.97, first_probe: int = 8, max_probe: int = 64) -> None:
-        self.profile, self.max_k, self.decay = profile, max_k, decay
-        prior = list(prior or [])
-        self.hits = [2.0 * (prior[j] if j < len(prior) else 0.3) for j in range(max_k)]
-        self.tries = [2.0] * max_k
-        self.first_probe, self.max_probe = first_probe, max_probe
-        self.probe_every, self.since = first_probe, 0
-
-    def rates(self) -> list[float]:
-        return [h / t for h, t in zip(self.hits, self.tries)]
-
-    def value(self, k: int, verify_tokens: int | None = None) -> float:
-        """Expected tokens per T(1) of a loop with k adaptive tokens whose verify step runs
-        ``verify_tokens`` tokens (default k + 1, a chain); k = 0 (plain steps) is 1."""
-        if k == 0 or self.profile is None:
-            return 1.0
-        expected, p = 2.0, 1.0
-        for a in self.rates()[:k]:
-            p *= a
-            expected += p
-        return expected / (self.profile.ratio(k + 1) + self.profile.ratio(verify_tokens or k + 1))
-
-    def choose(self, room: int, tree: tuple[int, int] | None = None) -> int:
-        """k for the next loop (0 = a plain step), at most ``room``. ``tree`` = (depth, nodes) of a
-        fixed sampling tree: then only k = its depth is considered, verified at its size."""
-        if self.profile is None:
-            return min(tree[0] if tree else self.max_k, room)
-        if tree is not None:
-            ks, size = ([tree[0]] if room >= 1 else []), tree[1]
-        else:
-            ks, size = range(1, min(self.max_k, room) + 1), None
-        best = max(ks, key=lambda k: self.value(k, size), default=0)
-        if best and self.value(best, size) > 1.0:
-            self.probe_every = self.first_probe
-            return best
-        if best:
-            self.since += 1
-            if self.since >= self.probe_every:
-                self.since = 0
-                self.probe_every = min(2 * self.probe_every, self.max_probe)
-                return best
-        return 0
-
-    def update(self, proposed: int, accepted: int) -> None:
-        for j in range(min(proposed, accepted + 1, self.max_k)):
-            self.hits[j] = self.hits[j] * self.decay + (1.0 if j < accepted else 0.0)
-            self.tries[j] = self.tries[j] * self.decay + 1.0
 
 
 def sample_and_match(tree: DraftTree, target_logits: torch.Tensor, warper: Warper,

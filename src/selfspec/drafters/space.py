@@ -36,7 +36,7 @@ from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
 from ..decoding.state import DecodeState, VerifyOutput
 from .base import Piggyback, Proposal
-from .sdsat import PositionalAcceptance
+from .budget import PositionalAcceptance
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,13 @@
-"""SDSAT figures from benchmark records (the paper's Fig. 3 analogue): acceptance by draft position
-for each k, and tokens per loop / per forward / speedup against k. Writes ``summary.md``,
-``summary.json`` and ``acceptance.png`` into ``--out``.
+"""Figures of the self-drafting fine-tuned methods (``sdsat``, ``space``) from benchmark records:
+acceptance by draft position for each k (SDSAT's Fig. 3 analogue), and tokens per loop / per
+forward / speedup against k. Writes ``summary.md``, ``summary.json`` and ``acceptance.png`` into
+``--out``.
 
-    python scripts/sdsat_figures.py --bench docs/results/smollm2-sdsat-humaneval docs/results/smollm2-sdsat-mt-bench \
-        --out docs/results/sdsat
+    python scripts/selfdraft_figures.py --method sdsat --bench docs/results/smollm2-sdsat-humaneval \
+        docs/results/smollm2-sdsat-mt-bench --out docs/results/sdsat
+
+A *loop* is one drafting cycle: for ``sdsat`` a draft step (depth 0, one token) plus the verify
+step after it; for ``space`` a single step (it drafts and verifies in the same forward).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ def loops(rec: dict) -> list[tuple[int, int]]:
     return out
 
 
-def summarize(records: list[dict]) -> dict[str, dict]:
+def summarize(records: list[dict], method: str = "sdsat") -> dict[str, dict]:
     by: dict[str, list[dict]] = {}
     for r in records:
         if r.get("kind") == "method":
@@ -46,7 +50,9 @@ def summarize(records: list[dict]) -> dict[str, dict]:
         out[name] = {
             "prompts": len(recs),
             "tokens_per_forward": (new - len(recs)) / max(1, forwards),
-            "tokens_per_loop": (sum(a + 2 for _, a in steps) / len(steps)) if steps else None,
+            # sdsat: the draft step's token + accepted + bonus; space: accepted + bonus
+            "tokens_per_loop": (sum(a + (2 if method == "sdsat" else 1) for _, a in steps) / len(steps))
+            if steps else None,
             "accept_rate": (sum(a for _, a in steps) / sum(k for k, _ in steps)) if steps else None,
             "acceptance_by_position": acc,
             "loops": len(steps),
@@ -65,6 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bench", nargs="+", required=True, help="benchmark output directories")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--method", default="sdsat", choices=["sdsat", "space"], help="what the runs benchmark")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,7 +79,7 @@ def main() -> None:
     for d in map(Path, args.bench):
         recs = [json.loads(x) for x in (d / "records.jsonl").read_text().splitlines() if x.strip()]
         meta = json.loads((d / "meta.json").read_text())
-        s = summarize(recs)
+        s = summarize(recs, args.method)
         result[d.name] = {"dataset": meta["dataset"], "temperature": meta["generation"]["temperature"], "methods": s}
         gen = meta["generation"]
         lines += [f"### {d.name} ({meta['dataset']}, {meta['prompts']} prompts, T = {gen['temperature']},"
@@ -99,10 +106,10 @@ def main() -> None:
         for name, m in r["methods"].items():
             if m["acceptance_by_position"] and ":k=" in name:
                 accs = m["acceptance_by_position"]
-                label = f"{run.removeprefix('smollm2-sdsat-')} T={r['temperature']:g} {name}"
+                label = f"{run.removeprefix(f'smollm2-{args.method}-')} T={r['temperature']:g} {name}"
                 axes[0].plot(range(1, len(accs) + 1), accs, marker="o", label=label)
         ks = sorted((int(re.split(r"[^0-9]", n.split("k=")[1])[0]), m) for n, m in r["methods"].items()
-                    if n.startswith("sdsat:k=") and r["temperature"] == 0)
+                    if n.startswith(f"{args.method}:k=") and r["temperature"] == 0)
         if len(ks) > 1:
             axes[1].plot([k for k, _ in ks], [m["tokens_per_loop"] for _, m in ks], marker="o",
                          label=f"{run}: tokens / loop")
@@ -110,12 +117,13 @@ def main() -> None:
                          label=f"{run}: tokens / forward")
             axes[1].plot([k for k, _ in ks], [m["median_speedup"] for _, m in ks], marker="^",
                          label=f"{run}: speedup vs ar")
-    axes[0].set_xlabel("draft position j (adaptive token j)")
+    token = "adaptive token" if args.method == "sdsat" else "mask"
+    axes[0].set_xlabel(f"draft position j ({token} j)")
     axes[0].set_ylabel("P(first j drafts accepted)")
     axes[0].legend(fontsize=7)
-    axes[1].set_xlabel("k (adaptive tokens per loop)")
+    axes[1].set_xlabel(f"k ({token}s per loop)")
     axes[1].legend(fontsize=7)
-    fig.suptitle("SDSAT on SmolLM2-135M-Instruct: acceptance by position and the k sweep")
+    fig.suptitle(f"{args.method.upper()} on SmolLM2-135M-Instruct: acceptance by position and the k sweep")
     fig.tight_layout()
     fig.savefig(out / "acceptance.png", dpi=110)
 
