@@ -181,3 +181,34 @@ def test_smollm2_sdsat_finetune_greedy(smol_sdsat):
     r4 = [g4.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
     accepted = sum(c - 1 for r in r4 for c, d in zip(r.committed_per_step, r.drafted_per_step) if d > 0)
     assert accepted > 0
+
+
+@pytest.fixture(scope="module")
+def smol_space():
+    """The bundled SPACE fine-tune, built from the default model and the shipped adapter."""
+    from selfspec.models.bundled import adapter_dir
+    from selfspec.models.loading import load_model
+
+    if not (adapter_dir("smollm2-135m-instruct-space") / "selfspec_finetune.json").is_file():
+        pytest.skip("no shipped space adapter (bash scripts/train_space.sh)")
+    return load_model(bundled_path("smollm2-135m-instruct-space"))
+
+
+def test_smollm2_space_finetune_greedy(smol_space):
+    """On the shipped fine-tune: space (the paper's k = 5 and cost-sized) == ar == generate, the
+    mask token never appears, and candidates are accepted (the fine-tune learned to draft)."""
+    import json
+
+    meta = json.loads((smol_space.path / "selfspec_finetune.json").read_text())
+    prompts = [encode_prompt(smol_space.tokenizer, p.text, True, smol_space.model.config.vocab_size)
+               for p in builtin()][1::4]
+    refs = [hf_ids(smol_space.model, p, MAX_NEW) for p in prompts]
+    accepted = 0
+    for opts in ({"k": 5}, {}):
+        g = selfspec.load(smol_space, "space", self_test=False, **opts)
+        results = [g.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
+        assert [r.token_ids for r in results] == refs
+        assert not set(meta["new_ids"]) & {t for r in results for t in r.token_ids}
+        if opts:
+            accepted = sum(c - 1 for r in results for c in r.committed_per_step[1:])
+    assert accepted > 0

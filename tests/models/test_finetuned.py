@@ -13,13 +13,15 @@ from selfspec.errors import SelfspecError
 def test_listed(capsys):
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
-    assert "smollm2-135m-instruct-sdsat" in out
+    assert "smollm2-135m-instruct-sdsat" in out and "smollm2-135m-instruct-space" in out
 
 
 def test_missing_adapter_names_the_build_command(monkeypatch, tmp_path):
     monkeypatch.setattr(bundled, "adapter_dir", lambda name: tmp_path / name)
     with pytest.raises(SelfspecError, match="scripts/train_sdsat.sh"):
         bundled.pull("smollm2-135m-instruct-sdsat")
+    with pytest.raises(SelfspecError, match="scripts/train_space.sh"):
+        bundled.pull("smollm2-135m-instruct-space")
 
 
 def test_unknown_name_lists_finetuned(capsys):
