@@ -4,7 +4,7 @@
 # copied to src/selfspec/data/adapters/<model>-space, from which `selfspec models pull <model>-space`
 # builds the bundled model. The merged model directory itself is $SELFSPEC_HOME/finetune/<model>-space.
 # Data as for SDSAT (self-distilled ShareGPT answers, ShareGPT, Python stdlib). The small budget uses
-# the multi-group variant (GROUPS cut points per masked sequence; GROUPS=1 is the official recipe).
+# the multi-group variant (CUTS cut points per masked sequence; CUTS=1 is the official recipe; not GROUPS, a bash built-in).
 # Resumes.
 set -euo pipefail
 SELFSPEC=${SELFSPEC:-.venv/bin/selfspec}
@@ -24,7 +24,7 @@ if [ -f "$HOME_DIR/heads/$M-features/answers.jsonl" ] && [ ! -f "$OUT/data/answe
 fi
 "$SELFSPEC" train space --model "$M" --out "$OUT" \
     --data "${DATA:-sharegpt:224,sharegpt-answers:150,code:240}" --regenerate "${REGEN:-160}" \
-    --max-len "${MAXLEN:-384}" --masks "${MASKS:-5}" --groups "${GROUPS:-8}" --p-ar "${PAR:-0.5}" \
+    --max-len "${MAXLEN:-384}" --masks "${MASKS:-5}" --groups "${CUTS:-8}" --p-ar "${PAR:-0.5}" \
     --lora-rank "${RANK:-8}" --lr "${LR:-3e-4}" --epochs "${EPOCHS:-2}" --max-steps "${STEPS:-200}" \
     --batch-size 4 --checkpoint-every 25 --threads "${THREADS:-2}" --resume
 DEST=src/selfspec/data/adapters/$M-space
