@@ -11,6 +11,8 @@ from .drafters.base import Drafter, NullDrafter
 from .drafters.budget import ChainBudget
 from .drafters.draft_model import DraftModelConfig, DraftModelDrafter, check_same_tokenizer
 from .drafters.eagle import EagleConfig, EagleDrafter
+from .drafters.jacobi import JacobiConfig, JacobiDrafter
+from .drafters.msn import MsnConfig, MsnDrafter
 from .drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter
 from .drafters.sdsat import SdsatConfig, SdsatDrafter, check_ids, parse_tree
 from .drafters.self_spec import DRAFT_EXITS, SelfSpecConfig, SelfSpecDrafter
@@ -227,6 +229,20 @@ def _build_space(method: str):
     return build
 
 
+def _build_jacobi(target: LoadedModel, cfg: JacobiConfig, ctx: BuildContext) -> Drafter:
+    if cfg.m < 1:
+        raise SelfspecError("jacobi needs m >= 1 guesses")
+    return JacobiDrafter(cfg, _budget(target, cfg.auto_m, cfg.m))
+
+
+def _build_msn(target: LoadedModel, cfg: MsnConfig, ctx: BuildContext) -> Drafter:
+    if cfg.tree_size < 0 or cfg.max_nodes < 1 or cfg.ngram < 1:
+        raise SelfspecError("msn needs tree_size >= 0 (0 = from the cost profile), max_nodes >= 1 and ngram >= 1")
+    extra = tuple(q for q in (24, 32, 48, 69) if q <= cfg.max_nodes + 1)  # price the tree sizes it may verify
+    profile = load_or_measure(target.model, target.name, target.backend, extra_qs=extra) if cfg.tree_size == 0 else None
+    return MsnDrafter(cfg, profile)
+
+
 METHODS: dict[str, MethodSpec] = {
     "ar": MethodSpec(NoOptions, _build_ar, True, "plain autoregressive decoding on the same loop (the baseline)"),
     "pld": MethodSpec(PromptLookupConfig, _build_pld, True, "prompt lookup: drafts copied from earlier text"),
@@ -244,6 +260,12 @@ METHODS: dict[str, MethodSpec] = {
     "sdsat-lossy": MethodSpec(SdsatConfig, _build_sdsat("sdsat-lossy"), False,
                               "NOT LOSSLESS when sampling: SDSAT with the paper's sample-and-match verifier "
                               "(greedy is still exact); for reproducing the paper"),
+    "jacobi": MethodSpec(JacobiConfig, _build_jacobi, True,
+                         "Jacobi decoding: the model refines m guesses in parallel (ahead noise in free slots); "
+                         "best on an MSN fine-tune"),
+    "msn": MethodSpec(MsnConfig, _build_msn, True,
+                      "MSN's TR-Jacobi: a tree of last step's top-k predictions plus a prompt-lookup chain, "
+                      "verified in one forward; best on an MSN fine-tune (selfspec train msn)"),
     "space": MethodSpec(SpaceConfig, _build_space("space"), True,
                         "SPACE: a fine-tuned model drafts k tokens from k [MASK] tokens and verifies the last "
                         "step's drafts in the same forward (sampling: lossless residual rule)"),

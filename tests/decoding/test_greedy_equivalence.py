@@ -272,3 +272,72 @@ def test_space_drafts_right_for_exactly_j(target, references, j):
         assert r.token_ids == ref
         steps = [(c, dep) for c, dep in zip(r.committed_per_step[1:], r.drafted_per_step[1:]) if dep > 0]
         assert steps and all(c == min(j, dep) + 1 for c, dep in steps[:-1])
+
+
+@pytest.mark.parametrize("opts", [dict(m=1, auto_m=False), dict(m=4, auto_m=False), dict()], ids=["m1", "m4", "auto"])
+def test_jacobi_matches_generate(target, references, opts):
+    g = selfspec.load(target, "jacobi", self_test=False, **opts)
+    g.drafter = InvariantChecker(g.drafter)
+    for p, ref in zip(PROMPTS, references):
+        assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref
+
+
+@pytest.mark.parametrize("j", range(K + 1))
+def test_jacobi_guesses_right_for_exactly_j(target, references, j):
+    """Guesses whose first j tokens are the reference continuation: every step accepts exactly j
+    (fewer only where max_new_tokens cuts the chain), and the ids are still those of ``generate``."""
+    g = selfspec.load(target, "jacobi", m=K, auto_m=False, self_test=False)
+    d = g.drafter
+    ctx: dict = {}
+    propose = d.propose
+
+    def oracle_propose(state):
+        fut = ctx["ref"][len(state.ids) - ctx["plen"]:]
+        d.guesses = fut[:j] + [(t + 1) % VOCAB for t in fut[j:K]]
+        return propose(state)
+
+    d.propose = oracle_propose
+    for p, ref in zip(PROMPTS, references):
+        ctx["plen"], ctx["ref"] = len(p), ref
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        steps = [(c, dep) for c, dep in zip(r.committed_per_step[1:], r.drafted_per_step[1:]) if dep > 0]
+        assert steps and all(c == min(j, dep) + 1 for c, dep in steps[:-1])
+
+
+@pytest.mark.parametrize("opts", [dict(tree_size=1), dict(tree_size=12), dict(tree_size=68), dict(),
+                                  dict(tree_size=20, retrieval=False)],
+                         ids=["n1", "n12", "n68", "auto", "no-retrieval"])
+def test_msn_matches_generate(target, references, opts):
+    g = selfspec.load(target, "msn", self_test=False, **opts)
+    g.drafter = InvariantChecker(g.drafter)
+    for p, ref in zip(PROMPTS, references):
+        assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == ref
+
+
+@pytest.mark.parametrize("j", range(K + 1))
+def test_msn_tree_right_for_exactly_j(target, references, j):
+    """The top-1 slot of depths 1..j holds the reference continuation, every other slot a wrong
+    token: each step accepts exactly j along the rank-0 path (fewer where max_new_tokens cuts it)."""
+    g = selfspec.load(target, "msn", tree_size=68, retrieval=False, self_test=False)
+    d = g.drafter
+    ctx: dict = {}
+    candidates = d.candidates
+
+    def oracle_candidates(ids):
+        cand = candidates(ids)
+        fut = ctx["ref"][len(ids) - ctx["plen"]:]
+        for depth, row in enumerate(cand):
+            wrong = (fut[depth] + 1) % VOCAB if depth < len(fut) else 0
+            row[:] = [wrong] * len(row)
+            if depth < min(j, len(fut)):
+                row[0] = fut[depth]
+        return cand
+
+    d.candidates = oracle_candidates
+    for p, ref in zip(PROMPTS, references):
+        ctx["plen"], ctx["ref"] = len(p), ref
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        steps = [(c, dep) for c, dep in zip(r.committed_per_step[1:], r.drafted_per_step[1:]) if dep > 0]
+        assert steps and all(c == min(j, dep) + 1 for c, dep in steps[:-1])

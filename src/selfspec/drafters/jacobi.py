@@ -1,0 +1,75 @@
+"""``jacobi``: Jacobi decoding as used with MSN (single chain, ``docs/methods/msn.md``).
+
+The model refines its own guesses: each step verifies ``[pending, d_1..d_m]`` in one forward,
+accepts the longest prefix equal to the model's own greedy predictions (plus the bonus token),
+and the next guesses are the predictions past the accepted point (the Jacobi update), free slots
+refilled with ahead noise. No draft model and no training is needed; an MSN fine-tune (``selfspec
+train msn``) teaches the model to denoise such guesses, which is what makes them accepted.
+
+Lossless: guesses are deterministic tokens (one-hot ``q``), verified by the shared rule; greedy ids
+equal ``ar``'s. The paper defines the method for greedy decoding only; with sampling the same
+guesses are verified by lossless rejection sampling (one-hot ``q``) - correct, but the guesses are
+the model's argmax, so acceptance is lower than greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.acceptance import Verdict
+from ..core.ahead_noise import ahead_noise
+from ..core.tree import DraftTree
+from ..decoding.state import DecodeState, VerifyOutput
+from .base import Proposal
+from .budget import ChainBudget
+
+
+@dataclass(frozen=True)
+class JacobiConfig:
+    """Options of ``jacobi``.
+
+    Attributes:
+        m: guesses kept per step (the paper: 4); with ``auto_m`` the most verified.
+        auto_m: verify only as many guesses as the measured cost profile and acceptance pay for
+            (the rest are kept and refined anyway).
+        seed: seed of the ahead-noise generator (drafts only; outputs never depend on it).
+    """
+
+    m: int = 4
+    auto_m: bool = True
+    seed: int = 0
+
+
+class JacobiDrafter:
+    """Guesses ``d_1..d_m`` refined by the model's own predictions each step."""
+
+    name = "jacobi"
+    lossless = True
+    needs_hidden = False
+
+    def __init__(self, cfg: JacobiConfig, budget: ChainBudget) -> None:
+        self.cfg = cfg
+        self.budget = budget
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.guesses: list[int] = []
+
+    def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
+        self.generator.manual_seed(self.cfg.seed)
+        self.guesses = []
+
+    def propose(self, state: DecodeState) -> Proposal:
+        self.guesses += ahead_noise(state.ids, self.cfg.m - len(self.guesses), self.generator)
+        k = self.budget.choose(state.draft_room)
+        return Proposal(DraftTree.chain([state.pending, *self.guesses[:k]]))
+
+    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
+        """Next guesses: the predictions made at the inputs after the accepted ones (``o[a+1..k]``:
+        ``o[a]`` became the pending token; ``o[k]`` is the newer guess for the slot of ``d_{k+1}``),
+        then the guesses that were not verified, shifted likewise; ``propose`` refills with noise."""
+        k = proposal.tree.size - 1
+        a = verdict.num_accepted
+        self.budget.update(k, a)
+        shifted = out.tree_logits[a + 1 : k + 1].argmax(-1).tolist() if k > a else []
+        self.guesses = (shifted + self.guesses[k + 1 :])[: self.cfg.m]
