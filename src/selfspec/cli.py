@@ -332,7 +332,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train a draft head: data -> features -> Accelerate training (resumable at every stage)."""
     from pathlib import Path
 
-    if args.what in ("sdsat", "space"):
+    if args.what in ("sdsat", "space", "msn", "sft"):
         return cmd_train_finetune(args)
     if args.data is None:
         args.data = "sharegpt:224,sharegpt-answers:300,code:60"
@@ -388,8 +388,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _finetune_objective(args: argparse.Namespace):
-    """The objective of ``train sdsat`` / ``train space`` (checks its options), and a summary
-    of its validation metrics."""
+    """The objective of ``train sdsat`` / ``space`` / ``msn`` / ``sft`` (checks its options), and
+    the depth of its drafts (the validation accuracies reported)."""
+    if args.what in ("msn", "sft"):
+        from .train.msn import MsnObjective, MsnOptions
+
+        return MsnObjective(MsnOptions(span=args.span if args.what == "msn" else 0)), 0
     if args.what == "sdsat":
         from .train.sdsat import SdsatObjective, SdsatOptions
 
@@ -445,6 +449,8 @@ def cmd_train_finetune(args: argparse.Namespace) -> int:
                    resume=args.resume, progress=not args.no_progress, accelerator=acc)
     if acc.is_main_process:
         accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(2, depth + 2) if f"acc{j}" in res)
+        if "acc_noisy" in res:
+            accs = f"next-token accuracy after noise {res['acc_noisy']:.3f}"
         print(f"{args.what} ({'LoRA r=' + str(opts.lora_rank) if opts.lora_rank else 'full fine-tuning'}): "
               f"{res['steps']} steps on {meta['tokens']} tokens ({len(examples)} examples); validation plain loss "
               f"{res.get('plain', float('nan')):.3f}, draft top-1 accuracy at offsets 2..: {accs or 'n/a'}")
@@ -526,11 +532,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.set_defaults(func=cmd_tune)
 
-    tr = sub.add_parser("train", help="train with Accelerate: a draft head (hass) or the model itself (sdsat, space)")
-    tr.add_argument("what", choices=["hass", "sdsat", "space"],
+    tr = sub.add_parser("train", help="train with Accelerate: a draft head (hass) or the model itself "
+                                      "(sdsat, space, msn, sft)")
+    tr.add_argument("what", choices=["hass", "sdsat", "space", "msn", "sft"],
                     help="hass: an EAGLE draft head (EAGLE or HASS objective); sdsat: fine-tune the model with "
-                         "semantic adaptive tokens; space: fine-tune it with [MASK] groups (both write a model "
-                         "directory)")
+                         "semantic adaptive tokens; space: fine-tune it with [MASK] groups; msn: fine-tune it on "
+                         "inputs with a span of ahead noise (for jacobi / msn decoding); sft: plain fine-tuning on "
+                         "the same data, msn's control (all but hass write a model directory)")
     tr.add_argument("--model", required=True, help="target: bundled name, local HF directory, .gguf file or hub id")
     tr.add_argument("--out", required=True, help="output directory (the head; also features/ and train/ inside)")
     tr.add_argument("--data", default=None,
@@ -570,7 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="mask groups per masked sequence: 1 = cut and truncate as the official code (default); "
                          "G > 1 = keep the sequence and supervise G cut points (small budgets)")
     sp.add_argument("--mask-weight", type=float, default=1.0, help="loss weight of mask positions (default 1)")
-    ft = tr.add_argument_group("sdsat and space")
+    mg = tr.add_argument_group("msn")
+    mg.add_argument("--span", type=int, default=4, help="noised tokens per example (default 4, the paper's)")
+    ft = tr.add_argument_group("sdsat, space, msn and sft")
     ft.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16); 0 = full fine-tuning")
     ft.add_argument("--max-steps", type=int, default=0, help="optimiser steps (default 0: --epochs decides)")
     tr.add_argument("--seed", type=int, default=0, help="training seed (order, noise, init)")

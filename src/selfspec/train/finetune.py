@@ -407,7 +407,7 @@ def plot_history(state: dict, path: Path, title: str) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     steps = [h["step"] for h in hist]
     window = max(1, len(hist) // 30)
-    for key in ("loss", "plain", "adapt", "mask"):
+    for key in ("loss", "plain", "adapt", "mask", "noisy"):
         ys = [h[key] for h in hist if key in h]
         if len(ys) != len(steps):
             continue
@@ -418,9 +418,12 @@ def plot_history(state: dict, path: Path, title: str) -> None:
     a.legend()
     val = state["val"]
     xs = [v["step"] for v in val]
-    keys = sorted({k for v in val for k in v if k.startswith("acc")}, key=lambda k: int(k[3:] or 0))
+    keys = sorted({k for v in val for k in v if k[:3] == "acc" and k[3:].isdigit()}, key=lambda k: int(k[3:]))
     for k in keys:
         b.plot(xs, [v.get(k, float("nan")) for v in val], marker="o", label=f"offset {k[3:]}")
+    if any("acc_noisy" in v for v in val):  # MSN: next-token accuracy where the input is noise
+        keys.append("acc_noisy")
+        b.plot(xs, [v.get("acc_noisy", float("nan")) for v in val], marker="s", label="after noise (msn)")
     b.set_xlabel("step")
     b.set_ylabel("validation top-1 accuracy of the draft at offset j")
     if keys:
