@@ -26,6 +26,8 @@ def run(capsys, *argv):
     ["--method", "nope"],
     ["--method", "draft-model"],
     ["--method", "ar", "--k", "3"],
+    ["--method", "jacobi", "--k", "0", "--fixed-k"],
+    ["--method", "msn", "--k", "-2", "--fixed-k"],
     ["--model", "no-such-model"],
     ["--dtype", "float64"],
     ["--kernels", "fast"],
@@ -100,3 +102,12 @@ def test_profile_per_backend(capsys, tiny_dir):
     code, out, err = run(capsys, "profile", "--model", str(tiny_dir), "--kernels", "int8", "--max-q", "4",
                          "--reps", "1")
     assert code == 0 and "int8 (quantised model) kernels" in out and "T(q)/T(1)" in out
+
+
+@pytest.mark.parametrize("method,args", [("jacobi", ["--k", "3", "--fixed-k"]), ("msn", ["--k", "8", "--fixed-k"]),
+                                         ("msn", [])])
+def test_jacobi_and_msn_generate_equal_ar(capsys, tiny_dir, method, args):
+    common = ["--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "12", "--seed", "0", "w1 w2 w3"]
+    code, ar_out, _ = run(capsys, "generate", "--method", "ar", *common)
+    code2, out, err = run(capsys, "generate", "--method", method, *args, *common)
+    assert code == code2 == 0 and out.strip() == ar_out.strip(), err

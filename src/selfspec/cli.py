@@ -74,7 +74,7 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
                    help="space: the [MASK] token id (default: from the fine-tuned model's selfspec_finetune.json)")
     p.add_argument("--k", type=int, default=None,
                    help="draft length (fixed unless --auto-k is kept on; sdsat: adaptive tokens, space: masks per "
-                        "group, fixed)")
+                        "group, fixed; jacobi: guesses; msn: tree nodes)")
     p.add_argument("--fixed-k", action="store_true", help="use --k as a fixed draft length instead of the cost profile")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -132,11 +132,14 @@ def method_options(args: argparse.Namespace, method: str, strict: bool = True) -
             opts["k"] = args.k
     elif getattr(args, "mask_id", None) is not None and strict:
         raise SelfspecError(f"--mask-id is only used by space, not {method}")
-    if method in ("pld", "draft-model", "self-spec"):
+    if method in ("pld", "draft-model", "self-spec", "jacobi"):
         if args.k is not None:
-            opts["k"] = args.k
+            opts["m" if method == "jacobi" else "k"] = args.k
         if args.fixed_k:
-            opts["auto_k"] = False
+            opts["auto_m" if method == "jacobi" else "auto_k"] = False
+    elif method == "msn":
+        if args.k is not None:  # nodes of the TR-Jacobi tree: fixed with --fixed-k, else the most considered
+            opts["tree_size" if args.fixed_k else "max_nodes"] = args.k
     elif (args.k is not None and not method.startswith(("sdsat", "space")) or args.fixed_k) and strict:
         raise SelfspecError(f"--k/--fixed-k do not apply to --method {method}")
     return opts

@@ -13,7 +13,8 @@ from selfspec.errors import SelfspecError
 def test_listed(capsys):
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
-    assert "smollm2-135m-instruct-sdsat" in out and "smollm2-135m-instruct-space" in out
+    for name in ("sdsat", "space", "msn", "sft"):
+        assert f"smollm2-135m-instruct-{name}" in out
 
 
 def test_missing_adapter_names_the_build_command(monkeypatch, tmp_path):
@@ -22,6 +23,9 @@ def test_missing_adapter_names_the_build_command(monkeypatch, tmp_path):
         bundled.pull("smollm2-135m-instruct-sdsat")
     with pytest.raises(SelfspecError, match="scripts/train_space.sh"):
         bundled.pull("smollm2-135m-instruct-space")
+    for name in ("msn", "sft"):
+        with pytest.raises(SelfspecError, match="scripts/train_msn.sh"):
+            bundled.pull(f"smollm2-135m-instruct-{name}")
 
 
 def test_unknown_name_lists_finetuned(capsys):

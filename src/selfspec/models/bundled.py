@@ -113,6 +113,12 @@ FINETUNED: dict[str, FineTunedModel] = {
         FineTunedModel("smollm2-135m-instruct-space", "smollm2-135m-instruct", "space",
                        "SmolLM2-135M-Instruct fine-tuned with SPACE [MASK] groups (LoRA, merged)",
                        "bash scripts/train_space.sh"),
+        FineTunedModel("smollm2-135m-instruct-msn", "smollm2-135m-instruct", "msn",
+                       "SmolLM2-135M-Instruct fine-tuned with MSN ahead noise, for jacobi / msn (LoRA, merged)",
+                       "bash scripts/train_msn.sh"),
+        FineTunedModel("smollm2-135m-instruct-sft", "smollm2-135m-instruct", "sft",
+                       "MSN's control: the same data and budget, plain fine-tuning (LoRA, merged)",
+                       "bash scripts/train_msn.sh"),
     )
 }
 
