@@ -36,6 +36,8 @@ def smol_refs(smollm2):
     ("pld", {"k": 4, "auto_k": False}),
     ("pld", {}),  # draft length from the measured cost profile
     ("draft-model", {"draft_model": "smollm2", "k": 3, "auto_k": False}),
+    ("jacobi", {"m": 4, "auto_m": False}),
+    ("msn", {"tree_size": 68}),  # the paper's TR-Jacobi tree
 ])
 def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
     prompts, refs = smol_refs
