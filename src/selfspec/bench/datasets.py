@@ -130,9 +130,11 @@ def from_jsonl(path: str) -> list[Prompt]:
     return out
 
 
-def load_dataset(name: str, limit: int | None = None, turns: int = 1) -> list[Prompt]:
+def load_dataset(name: str, limit: int | None = None, turns: int = 1,
+                 per_category: int | None = None) -> list[Prompt]:
     """``builtin``, ``mt-bench``, ``humaneval`` or a path to a ``.jsonl`` file (``limit`` counts
-    questions, so with ``turns=2`` both turns of the first ``limit`` MT-bench questions run)."""
+    questions, so with ``turns=2`` both turns of the first ``limit`` MT-bench questions run;
+    ``per_category`` keeps the first N questions of every category, applied before ``limit``)."""
     if turns not in (1, 2):
         raise SelfspecError(f"--turns must be 1 or 2, got {turns}")
     loaders = {"builtin": builtin, "mt-bench": lambda: mt_bench(turns), "humaneval": humaneval}
@@ -144,6 +146,16 @@ def load_dataset(name: str, limit: int | None = None, turns: int = 1) -> list[Pr
         raise SelfspecError(f"unknown dataset '{name}'; use builtin, mt-bench, humaneval or a .jsonl file")
     if not prompts:
         raise SelfspecError(f"dataset '{name}' has no prompts")
+    if per_category is not None:
+        if per_category < 1:
+            raise SelfspecError(f"--per-category must be at least 1, got {per_category}")
+        seen: dict[str, int] = {}
+        keep = set()
+        for p in prompts:
+            if "turn1_id" not in p.meta and seen.get(p.category, 0) < per_category:
+                seen[p.category] = seen.get(p.category, 0) + 1
+                keep.add(p.id)
+        prompts = [p for p in prompts if p.id in keep or p.meta.get("turn1_id") in keep]
     if limit is not None:
         if limit < 1:
             raise SelfspecError(f"--limit must be at least 1, got {limit}")

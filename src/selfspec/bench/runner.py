@@ -30,6 +30,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", default="", help=f"comma-separated peers: {', '.join(PEERS)}")
     p.add_argument("--dataset", default="builtin", help="builtin, mt-bench, humaneval or a .jsonl file")
     p.add_argument("--limit", type=int, default=None, help="first N prompts (questions) only")
+    p.add_argument("--per-category", type=int, default=None,
+                   help="first N questions of every category only (a balanced subset; before --limit)")
     p.add_argument("--turns", type=int, default=1, choices=[1, 2], help="MT-bench turns (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -144,7 +146,7 @@ def run_cli(args: argparse.Namespace) -> int:
         base_method, extra = parse_method(m)
         method_config(base_method, {**({} if base_method == "ar" else method_options(args, base_method, False)),
                                     **extra})
-    prompts = load_dataset(args.dataset, args.limit, args.turns)
+    prompts = load_dataset(args.dataset, args.limit, args.turns, args.per_category)
 
     out = Path(args.out)
     records_path = out / "records.jsonl"
@@ -191,6 +193,7 @@ def run_cli(args: argparse.Namespace) -> int:
             draft_model = load_model(args.draft_model, args.device, args.dtype, args.trust_remote_code).model
 
     meta = {"model": args.model, "draft_model": args.draft_model, "dataset": args.dataset, "prompts": len(prompts),
+            "per_category": args.per_category,
             "methods": methods, "kernels": backends, "peers": peers, "generation": gen, "repeats": args.repeats,
             "environment": environment()}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
