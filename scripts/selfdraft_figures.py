@@ -28,7 +28,9 @@ def loops(rec: dict) -> list[tuple[int, int]]:
     return out
 
 
-def summarize(records: list[dict], method: str = "sdsat") -> dict[str, dict]:
+def summarize(records: list[dict], method: str = "sdsat", sampling: bool = False) -> dict[str, dict]:
+    """Per method entry: tokens per forward / loop, acceptance by position, median speedup and
+    greedy identity with ``ar`` (``"(sampling)"`` when the run sampled: outputs differ by design)."""
     by: dict[str, list[dict]] = {}
     for r in records:
         if r.get("kind") == "method":
@@ -56,9 +58,10 @@ def summarize(records: list[dict], method: str = "sdsat") -> dict[str, dict]:
             "accept_rate": (sum(a for _, a in steps) / sum(k for k, _ in steps)) if steps else None,
             "acceptance_by_position": acc,
             "loops": len(steps),
-            "drafting_share": len(steps) / max(1, forwards - len(steps)) if steps else 0.0,
+            # share of forwards spent in drafting loops (an sdsat loop is two forwards, a space loop one)
+            "drafting_share": len(steps) * (2 if method == "sdsat" else 1) / max(1, forwards),
             "median_speedup": statistics.median(ratios) if ratios else None,
-            "identical_to_ar": f"{identical}/{len(recs)}",
+            "identical_to_ar": "(sampling)" if sampling else f"{identical}/{len(recs)}",
         }
     return out
 
@@ -79,7 +82,7 @@ def main() -> None:
     for d in map(Path, args.bench):
         recs = [json.loads(x) for x in (d / "records.jsonl").read_text().splitlines() if x.strip()]
         meta = json.loads((d / "meta.json").read_text())
-        s = summarize(recs, args.method)
+        s = summarize(recs, args.method, meta["generation"]["temperature"] > 0)
         result[d.name] = {"dataset": meta["dataset"], "temperature": meta["generation"]["temperature"], "methods": s}
         gen = meta["generation"]
         lines += [f"### {d.name} ({meta['dataset']}, {meta['prompts']} prompts, T = {gen['temperature']},"
