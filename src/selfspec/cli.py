@@ -396,7 +396,7 @@ def _finetune_objective(args: argparse.Namespace):
     if args.what in ("msn", "sft"):
         from .train.msn import MsnObjective, MsnOptions
 
-        return MsnObjective(MsnOptions(span=args.span if args.what == "msn" else 0)), 0
+        return MsnObjective(MsnOptions(span=args.span if args.what == "msn" else 0), eval_span=args.span), 0
     if args.what == "sdsat":
         from .train.sdsat import SdsatObjective, SdsatOptions
 

@@ -251,13 +251,18 @@ def _merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, objective: Objective, examples: list[Example], batch_size: int,
              seed: int) -> dict[str, float]:
-    """Metrics of ``objective.loss`` over ``examples`` with a fixed RNG (same batches every call)."""
+    """Metrics of ``objective.loss`` over ``examples`` with a fixed RNG (same batches every call).
+
+    An objective may build its validation batches differently from its training batches
+    (``make_eval_batch``; MSN's plain-SFT control is validated on noised inputs, so that the two
+    runs are measured on the same batches)."""
     was = model.training
     model.eval()
     rng = random.Random(seed)
+    make = getattr(objective, "make_eval_batch", objective.make_batch)
     parts = []
     for i in range(0, len(examples), batch_size):
-        _, m = objective.loss(model, objective.make_batch(examples[i : i + batch_size], rng))
+        _, m = objective.loss(model, make(examples[i : i + batch_size], rng))
         parts.append(m)
     model.train(was)
     return _merge_metrics(parts)

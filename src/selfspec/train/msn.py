@@ -65,11 +65,18 @@ def noise_example(ids: torch.Tensor, learn: torch.Tensor, span: int, rng: random
 
 
 class MsnObjective:
-    """The :class:`~selfspec.train.finetune.Objective` of MSN (``span > 0``) or plain SFT."""
+    """The :class:`~selfspec.train.finetune.Objective` of MSN (``span > 0``) or plain SFT.
 
-    def __init__(self, opts: MsnOptions) -> None:
+    Validation batches are always noised with a span of ``eval_span`` (default: ``span``, or 4
+    for plain SFT), drawn from the evaluation's fixed RNG: MSN and its control are validated on
+    the very same noised batches, so their ``noisy`` / ``acc_noisy`` metrics compare directly."""
+
+    def __init__(self, opts: MsnOptions, eval_span: int | None = None) -> None:
         opts.check()
         self.opts = opts
+        self.eval_span = opts.span if eval_span is None and opts.span else (eval_span or 4)
+        if self.eval_span < 1:
+            raise SelfspecError("msn validation needs a noise span >= 1")
         self.name = "msn" if opts.span else "sft"
         self.new_tokens: list[str] = []
         self.pad_id = 0
@@ -78,11 +85,19 @@ class MsnObjective:
         self.pad_id = pad_id
 
     def options(self) -> dict:
-        return asdict(self.opts)
+        extra = {} if self.eval_span == self.opts.span else {"eval_span": self.eval_span}
+        return asdict(self.opts) | extra
 
     def make_batch(self, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
         """``input_ids`` (noised), ``attention_mask``, ``targets`` (clean next tokens, IGNORE where
         not learned) and ``noisy`` (bool: the input at this position is noise) ``[B, L]``."""
+        return self._batch(examples, rng, self.opts.span)
+
+    def make_eval_batch(self, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
+        """As :meth:`make_batch`, noised with ``eval_span`` (also for plain SFT)."""
+        return self._batch(examples, rng, self.eval_span)
+
+    def _batch(self, examples: list[Example], rng: random.Random, span: int) -> dict[str, torch.Tensor]:
         b = len(examples)
         length = max(e.input_ids.numel() for e in examples)
         inp = torch.full((b, length), self.pad_id, dtype=torch.long)
@@ -93,9 +108,9 @@ class MsnObjective:
             n = e.input_ids.numel()
             att[r, :n] = 1
             tgt[r, :n] = clean_targets(e.input_ids, e.loss_mask)
-            inp[r, :n], s = noise_example(e.input_ids, e.loss_mask, self.opts.span, rng)
+            inp[r, :n], s = noise_example(e.input_ids, e.loss_mask, span, rng)
             if s >= 0:
-                noisy[r, s : s + self.opts.span] = True
+                noisy[r, s : s + span] = True
         return {"input_ids": inp, "attention_mask": att, "targets": tgt, "noisy": noisy}
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
