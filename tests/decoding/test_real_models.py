@@ -214,3 +214,29 @@ def test_smollm2_space_finetune_greedy(smol_space):
         if opts:
             accepted = sum(c - 1 for r in results for c in r.committed_per_step[1:])
     assert accepted > 0
+
+
+@pytest.fixture(scope="module")
+def smol_msn():
+    """The bundled MSN fine-tune, built from the default model and the shipped adapter."""
+    from selfspec.models.bundled import adapter_dir
+    from selfspec.models.loading import load_model
+
+    if not (adapter_dir("smollm2-135m-instruct-msn") / "selfspec_finetune.json").is_file():
+        pytest.skip("no shipped msn adapter (bash scripts/train_msn.sh)")
+    return load_model(bundled_path("smollm2-135m-instruct-msn"))
+
+
+def test_smollm2_msn_finetune_greedy(smol_msn):
+    """On the shipped MSN fine-tune: jacobi (m = 4) and msn (the paper's 68-node tree and the
+    cost-sized one) == ar == generate, and guesses are accepted."""
+    prompts = [encode_prompt(smol_msn.tokenizer, p.text, True, smol_msn.model.config.vocab_size)
+               for p in builtin()][1::4]
+    refs = [hf_ids(smol_msn.model, p, MAX_NEW) for p in prompts]
+    accepted = 0
+    for method, opts in (("jacobi", {"m": 4, "auto_m": False}), ("msn", {"tree_size": 68}), ("msn", {})):
+        g = selfspec.load(smol_msn, method, self_test=False, **opts)
+        results = [g.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
+        assert [r.token_ids for r in results] == refs, f"{method} {opts}"
+        accepted += sum(c - 1 for r in results for c in r.committed_per_step[1:])
+    assert accepted > 0
