@@ -16,8 +16,21 @@ for W in msn sft; do
     .venv/bin/python scripts/finetune_quality.py --base $B --model $B-$W --out $OUT/$W-quality.json
 done
 METHODS=ar,jacobi:m=4:auto_m=false,jacobi,msn:tree_size=68,msn
-for M in $B $B-sft $B-msn; do
+for M in $B-msn $B-sft $B; do
     COMMON=(--model $M --kernels onednn --threads 2 --max-new-tokens 64 --resume --methods $METHODS)
     $S bench "${COMMON[@]}" --dataset mt-bench --per-category ${MT_PER_CAT:-5} --out $OUT/${M/smollm2-135m-instruct/smollm2}-jacobi-mt-bench
     $S bench "${COMMON[@]}" --dataset humaneval --limit ${HE_LIMIT:-10} --out $OUT/${M/smollm2-135m-instruct/smollm2}-jacobi-humaneval
 done
+.venv/bin/python scripts/msn_figures.py --bench $OUT/smollm2-jacobi-mt-bench $OUT/smollm2-sft-jacobi-mt-bench \
+   $OUT/smollm2-msn-jacobi-mt-bench $OUT/smollm2-jacobi-humaneval $OUT/smollm2-sft-jacobi-humaneval \
+   $OUT/smollm2-msn-jacobi-humaneval --training ${SELFSPEC_HOME:-$HOME/.cache/selfspec}/finetune/$B-{msn,sft} \
+   --quality $OUT/msn-quality.json $OUT/sft-quality.json --out $OUT/msn
+# README Results: every run so far
+R=$OUT
+.venv/bin/python scripts/results_to_readme.py README.md $R/smollm2 $R/qwen1.5b $R/smollm2-mtbench $R/qwen1.5b-humaneval \
+   $R/smollm2-kernels $R/qwen1.5b-kernels $R/qwen1.5b-humaneval-int8 $R/smollm2-self-spec $R/qwen1.5b-self-spec \
+   $R/smollm2-hass-mt-bench $R/smollm2-hass-humaneval $R/smollm2-hass-mt-bench-t1 \
+   $R/smollm2-sdsat-mt-bench $R/smollm2-sdsat-humaneval $R/smollm2-sdsat-mt-bench-t1 \
+   $R/smollm2-space-mt-bench $R/smollm2-space-humaneval $R/smollm2-space-mt-bench-t1 \
+   $R/smollm2-jacobi-mt-bench $R/smollm2-sft-jacobi-mt-bench $R/smollm2-msn-jacobi-mt-bench \
+   $R/smollm2-jacobi-humaneval $R/smollm2-sft-jacobi-humaneval $R/smollm2-msn-jacobi-humaneval

@@ -153,15 +153,22 @@ def test_smollm2_trained_heads(smollm2, smol_refs, method):
     assert sum(r.new_tokens for r in results) / sum(r.steps for r in results) > 1.2  # drafts are accepted
 
 
-@pytest.fixture(scope="module")
-def smol_sdsat():
-    """The bundled SDSAT fine-tune, built from the default model and the shipped adapter."""
+def shipped_finetune(method: str):
+    """``smollm2-135m-instruct-<method>`` built from the default model and the adapter shipped in
+    the package (skips, naming the build script, when none is shipped)."""
     from selfspec.models.bundled import adapter_dir
     from selfspec.models.loading import load_model
 
-    if not (adapter_dir("smollm2-135m-instruct-sdsat") / "selfspec_finetune.json").is_file():
-        pytest.skip("no shipped sdsat adapter (bash scripts/train_sdsat.sh)")
-    return load_model(bundled_path("smollm2-135m-instruct-sdsat"))
+    name = f"smollm2-135m-instruct-{method}"
+    if not (adapter_dir(name) / "selfspec_finetune.json").is_file():
+        pytest.skip(f"no shipped {method} adapter (bash scripts/train_{method}.sh)")
+    return load_model(bundled_path(name))
+
+
+@pytest.fixture(scope="module")
+def smol_sdsat():
+    """The bundled SDSAT fine-tune, built from the default model and the shipped adapter."""
+    return shipped_finetune("sdsat")
 
 
 def test_smollm2_sdsat_finetune_greedy(smol_sdsat):
@@ -188,12 +195,7 @@ def test_smollm2_sdsat_finetune_greedy(smol_sdsat):
 @pytest.fixture(scope="module")
 def smol_space():
     """The bundled SPACE fine-tune, built from the default model and the shipped adapter."""
-    from selfspec.models.bundled import adapter_dir
-    from selfspec.models.loading import load_model
-
-    if not (adapter_dir("smollm2-135m-instruct-space") / "selfspec_finetune.json").is_file():
-        pytest.skip("no shipped space adapter (bash scripts/train_space.sh)")
-    return load_model(bundled_path("smollm2-135m-instruct-space"))
+    return shipped_finetune("space")
 
 
 def test_smollm2_space_finetune_greedy(smol_space):
@@ -219,12 +221,7 @@ def test_smollm2_space_finetune_greedy(smol_space):
 @pytest.fixture(scope="module")
 def smol_msn():
     """The bundled MSN fine-tune, built from the default model and the shipped adapter."""
-    from selfspec.models.bundled import adapter_dir
-    from selfspec.models.loading import load_model
-
-    if not (adapter_dir("smollm2-135m-instruct-msn") / "selfspec_finetune.json").is_file():
-        pytest.skip("no shipped msn adapter (bash scripts/train_msn.sh)")
-    return load_model(bundled_path("smollm2-135m-instruct-msn"))
+    return shipped_finetune("msn")
 
 
 def test_smollm2_msn_finetune_greedy(smol_msn):
