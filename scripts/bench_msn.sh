@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 9 figures: fine-tune SmolLM2-135M-Instruct with MSN and with plain SFT at equal budget
 # (scripts/train_msn.sh, resumes), build both bundled models, measure each one's quality cost against the
-# base, then one benchmark run per model on the same prompts (MT-bench, 5 per category, and 10 HumanEval
+# base, then one benchmark run per model on the same prompts (MT-bench, 3 per category, and 10 HumanEval
 # problems; 64 tokens, greedy, the fastest fp32 backend): ar, jacobi (m = 4, the paper's) and msn
 # (TR-Jacobi; the paper's 68-node tree and the cost-sized one). Mean accepted tokens per forward
 # (tokens / forward) is the paper's MAT.
@@ -18,7 +18,7 @@ done
 METHODS=ar,jacobi:m=4:auto_m=false,jacobi,msn:tree_size=68,msn
 for M in $B-msn $B-sft $B; do
     COMMON=(--model $M --kernels onednn --threads 2 --max-new-tokens 64 --resume --methods $METHODS)
-    $S bench "${COMMON[@]}" --dataset mt-bench --per-category ${MT_PER_CAT:-5} --out $OUT/${M/smollm2-135m-instruct/smollm2}-jacobi-mt-bench
+    $S bench "${COMMON[@]}" --dataset mt-bench --per-category ${MT_PER_CAT:-3} --out $OUT/${M/smollm2-135m-instruct/smollm2}-jacobi-mt-bench
     $S bench "${COMMON[@]}" --dataset humaneval --limit ${HE_LIMIT:-10} --out $OUT/${M/smollm2-135m-instruct/smollm2}-jacobi-humaneval
 done
 .venv/bin/python scripts/msn_figures.py --bench $OUT/smollm2-jacobi-mt-bench $OUT/smollm2-sft-jacobi-mt-bench \
