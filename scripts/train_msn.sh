@@ -11,7 +11,7 @@ HOME_DIR=${SELFSPEC_HOME:-$HOME/.cache/selfspec}
 for WHAT in ${RUNS:-msn sft}; do
     OUT=$HOME_DIR/finetune/$M-$WHAT
     mkdir -p "$OUT/data"
-    for SRC in sdsat space; do  # reuse prepared data (same sources and options; examples.pt is remade if not)
+    for SRC in sdsat space msn sft; do  # reuse prepared data (same sources and options; examples.pt is remade if not)
         for f in examples.pt answers.jsonl; do
             if [ -f "$HOME_DIR/finetune/$M-$SRC/data/$f" ] && [ ! -f "$OUT/data/$f" ]; then
                 cp "$HOME_DIR/finetune/$M-$SRC/data/$f" "$OUT/data/$f"
