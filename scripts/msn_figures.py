@@ -103,9 +103,9 @@ def main() -> None:
         hist = json.loads((d / "train" / "history.json").read_text())
         name = label(d.name)
         steps = [h["seconds"] for h in hist["history"]]
+        # the median: a step's time includes any pause of the process (a stopped or suspended job)
         training[name] = {"validation": hist["val"], "steps": hist["step"],
-                          "median_seconds_per_step": statistics.median(steps) if steps else None,
-                          "seconds": sum(steps)}
+                          "median_seconds_per_step": statistics.median(steps) if steps else None}
     if training:
         lines += ["### training (validation, first and last)", "",
                   "| run | steps | s/step | plain loss | noisy loss | top-1 at noised inputs |",
