@@ -134,8 +134,7 @@ def main() -> None:
                          f"{g['identical']}/{g['prompts']} | {f(g['mean_common_prefix'], 1)} |")
         lines.append("")
     result = {"runs": {ds: {m: v["methods"] for m, v in ms.items()} for ds, ms in runs.items()},
-              "training": {k: {kk: vv for kk, vv in v.items() if kk != "validation"} | {"validation": v["validation"]}
-                           for k, v in training.items()},
+              "training": training,
               "quality": quality}
     (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -74,7 +74,7 @@ class MsnObjective:
     def __init__(self, opts: MsnOptions, eval_span: int | None = None) -> None:
         opts.check()
         self.opts = opts
-        self.eval_span = opts.span if eval_span is None and opts.span else (eval_span or 4)
+        self.eval_span = eval_span or opts.span or 4
         if self.eval_span < 1:
             raise SelfspecError("msn validation needs a noise span >= 1")
         self.name = "msn" if opts.span else "sft"
