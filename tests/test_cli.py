@@ -33,6 +33,10 @@ def run(capsys, *argv):
     ["--kernels", "fast"],
     ["--kernels", "int8,stock"],
     ["--kernels", "onednn", "--dtype", "bfloat16"],
+    ["--method", "auto", "--k", "3"],
+    ["--method", "auto", "--head", "somewhere"],
+    ["--method", "pld", "--remeasure"],
+    ["--method", "hass", "--head", "/no/such/head/dir"],
 ])
 def test_bad_input_is_one_line_exit_2(capsys, tiny_dir, args):
     try:
@@ -95,13 +99,14 @@ def test_kernels_flag_stats_line_names_the_backend(capsys, tiny_dir, kernels):
     code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--kernels", kernels,
                          "--max-new-tokens", "8", "w5 w6 w7")
     assert code == 0
-    assert f"{kernels} (quantised model) kernels" in err if kernels == "int8" else "onednn kernels" in err
+    assert ("int8 (quantised model, " in err and "-bit activations) kernels" in err) if kernels == "int8" \
+        else "onednn kernels" in err
 
 
 def test_profile_per_backend(capsys, tiny_dir):
     code, out, err = run(capsys, "profile", "--model", str(tiny_dir), "--kernels", "int8", "--max-q", "4",
                          "--reps", "1")
-    assert code == 0 and "int8 (quantised model) kernels" in out and "T(q)/T(1)" in out
+    assert code == 0 and "int8 (quantised model, " in out and "T(q)/T(1)" in out
 
 
 @pytest.mark.parametrize("method,args", [("jacobi", ["--k", "3", "--fixed-k"]), ("msn", ["--k", "8", "--fixed-k"]),
@@ -111,3 +116,27 @@ def test_jacobi_and_msn_generate_equal_ar(capsys, tiny_dir, method, args):
     code, ar_out, _ = run(capsys, "generate", "--method", "ar", *common)
     code2, out, err = run(capsys, "generate", "--method", method, *args, *common)
     assert code == code2 == 0 and out.strip() == ar_out.strip(), err
+
+
+def test_demo_compares_ar_auto_and_generate_without_warnings(capfd, tiny_dir):
+    """README command 1 on a tiny model: ar, auto and transformers generate, no warning printed or raised."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(["demo", "--model", str(tiny_dir), "--no-chat", "--max-new-tokens", "24", "w5 w6 w7 w8"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert not [w for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning, UserWarning))], \
+        [str(w.message) for w in caught]
+    assert "warning" not in (out + err).lower()
+    assert "===== ar =====" in out and "===== auto→" in out and "transformers generate" in out
+    last = out.strip().splitlines()[-1]
+    assert "over ar" in last and "over transformers generate" in last and "identical to ar: yes" in last
+
+
+def test_generate_defaults_to_auto(capsys, tiny_dir):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--json", "--max-new-tokens",
+                         "8", "w1 w2 w3")
+    assert code == 0
+    assert json.loads(out)["method"].startswith("auto→")

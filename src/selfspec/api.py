@@ -20,6 +20,8 @@ from .models.loading import LoadedModel, load_model
 from .models.selftest import tree_self_test
 from .registry import METHODS, BuildContext, method_config
 
+AUTO = "auto"  # method="auto": see selfspec.autoselect
+
 
 @dataclass
 class GenerationResult:
@@ -71,6 +73,7 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.lossless = lossless
         self.last_result: GenerationResult | None = None
+        self.auto_table: dict[str, float] | None = None  # method="auto": calibration tokens/s by method
         gc = target.model.generation_config
         eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
         if eos is None and target.tokenizer is not None:
@@ -159,32 +162,60 @@ class SpeculativeGenerator:
 
 def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = "ar", device: str | None = "cpu",
          dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
-         kernels: str | None = None, **method_options) -> SpeculativeGenerator:
+         kernels: str | None = None, remeasure: bool = False, **method_options) -> SpeculativeGenerator:
     """Load a model and a decoding method.
 
     Args:
         model: bundled name, local HF directory, ``.gguf`` file, hub id, or an already loaded model.
-        method: one of ``selfspec.METHODS`` (e.g. ``"ar"``, ``"pld"``, ``"draft-model"``).
+        method: one of ``selfspec.METHODS`` (e.g. ``"ar"``, ``"pld"``, ``"draft-model"``), or
+            ``"auto"``: the fastest lossless method for this model here, by a short calibration
+            cached per model, backend and machine (:mod:`selfspec.autoselect`); the generator's
+            ``method`` then reads e.g. ``"auto→pld"``. ``auto`` takes only ``draft_model``.
+        remeasure: with ``method="auto"``, calibrate again instead of using the cached choice.
         device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``.
         dtype: ``float32`` (default; exact greedy equality), ``bfloat16`` or ``float16``.
         trust_remote_code: allow custom modelling code from a model repository (off by default).
         self_test: check at load time that tree verification equals sequential decoding.
-        kernels: linear-layer backend, one of ``selfspec.KERNELS``: ``stock`` (default for a new
-            load), ``onednn`` (fp32, prepacked; CPU), ``int8`` (quantised model, opt-in) or
-            ``auto`` (fastest fp32 here). None keeps a loaded model's current backend.
+        kernels: linear-layer backend, one of ``selfspec.KERNELS``: ``auto`` (default for a new
+            load: the fastest fp32 backend here, measured once per model, dtype, device and
+            machine and cached), ``stock`` (PyTorch's kernels), ``onednn`` (fp32, prepacked; CPU)
+            or ``int8`` (quantised model, opt-in). None keeps a loaded model's current backend.
         **method_options: options of the method's config, e.g. ``draft_model="..."``, ``k=4``.
     """
-    cfg = method_config(method, method_options)
+    if method == AUTO:
+        unknown = sorted(set(method_options) - {"draft_model"})
+        if unknown:
+            raise SelfspecError(f"method 'auto' has no option {unknown[0]!r}; it takes only draft_model (it chooses "
+                                "a method and its settings itself; name a method to set its options)")
+    else:
+        cfg = method_config(method, method_options)
     if isinstance(model, LoadedModel):
         target = model
         if kernels is not None and kernels != target.backend:
             target.use_kernels(kernels)
     else:
-        target = load_model(model, device, dtype, trust_remote_code, kernels=kernels or "stock")
+        target = load_model(model, device, dtype, trust_remote_code, kernels=kernels or "auto")
     if self_test:
         tree_self_test(target.model)
+    if method == AUTO:
+        return _load_auto(target, device, dtype, trust_remote_code, remeasure, method_options.get("draft_model"))
     ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code,
                        kernels=target.backend)
     spec = METHODS[method]
     drafter = spec.build(target, cfg, ctx)
     return SpeculativeGenerator(target, method, drafter, spec.lossless)
+
+
+def _load_auto(target: LoadedModel, device, dtype, trust_remote_code: bool, remeasure: bool,
+               draft_model: str | None) -> SpeculativeGenerator:
+    """``method="auto"``: choose (cached, else calibrated) and build the chosen method."""
+    from . import autoselect
+
+    def make(c: autoselect.Candidate) -> SpeculativeGenerator:
+        return load(target, c.method, device, dtype, trust_remote_code, self_test=False, **c.options)
+
+    choice = autoselect.choose(target, make, draft_model, remeasure)
+    g = make(autoselect.Candidate(choice.method, choice.options))
+    g.method = f"{AUTO}→{choice.method}"
+    g.auto_table = choice.table
+    return g

@@ -27,7 +27,8 @@ class _Parser(argparse.ArgumentParser):
 def _method_names() -> str:
     from .registry import METHODS
 
-    return ", ".join(f"{k}{'' if v.lossless else ' (NOT lossless)'}" for k, v in METHODS.items())
+    return "auto (the fastest lossless method here, measured once and cached), " + ", ".join(
+        f"{k}{'' if v.lossless else ' (NOT lossless)'}" for k, v in METHODS.items())
 
 
 def _kernels_arg(many: bool):
@@ -51,7 +52,9 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"bundled name, local HF directory, .gguf file or hub id (default {DEFAULT_MODEL})")
     if method:
-        p.add_argument("--method", default="pld", help=f"decoding method: {_method_names()} (default pld)")
+        p.add_argument("--method", default="auto", help=f"decoding method: {_method_names()} (default auto)")
+        p.add_argument("--remeasure", action="store_true",
+                       help="--method auto: calibrate again instead of using the cached choice")
     p.add_argument("--draft-model", default=None, help="draft for --method draft-model (same tokenizer)")
     p.add_argument("--skip-config", default=None,
                    help="self-spec: skip config JSON (default: the tuned one for --model, see selfspec tune)")
@@ -79,9 +82,10 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (float32 gives exact greedy equality; default float32)")
-    p.add_argument("--kernels", default="stock", type=_kernels_arg(many),
-                   help="linear-layer backend: stock (default), onednn (fp32 prepacked, CPU), int8 (QUANTISED model: "
-                        "lossless w.r.t. the int8 model, not the fp32 one) or auto (fastest fp32 here)"
+    p.add_argument("--kernels", default="auto", type=_kernels_arg(many),
+                   help="linear-layer backend: auto (default: the fastest fp32 backend here, measured once and "
+                        "cached), stock (PyTorch's kernels), onednn (fp32 prepacked, CPU) or int8 (QUANTISED model: "
+                        "lossless w.r.t. the int8 model, not the fp32 one)"
                         + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -100,6 +104,17 @@ def _add_gen_args(p: argparse.ArgumentParser) -> None:
 def method_options(args: argparse.Namespace, method: str, strict: bool = True) -> dict:
     """Method keyword options from CLI flags (``strict``: refuse flags the method does not use)."""
     opts: dict = {}
+    if method == "auto":  # auto chooses the method and its settings; it only takes a draft model
+        given = [flag for flag, v in (("--skip-config", args.skip_config), ("--draft-exit", args.draft_exit),
+                                      ("--head", args.head), ("--tree-tokens", args.tree_tokens),
+                                      ("--tree-top-k", args.tree_top_k), ("--tree-depth", args.tree_depth),
+                                      ("--sdsat-tree", args.sdsat_tree), ("--adaptive-ids", args.adaptive_ids),
+                                      ("--mask-id", args.mask_id), ("--k", args.k), ("--fixed-k", args.fixed_k))
+                 if v not in (None, False)]
+        if given and strict:
+            raise SelfspecError(f"{given[0]} does not apply to --method auto, which chooses the method and its "
+                                "settings itself; name a method (e.g. --method pld) to set its options")
+        return {"draft_model": args.draft_model} if args.draft_model else {}
     if method == "draft-model" or (args.draft_model and strict):
         if method != "draft-model":
             raise SelfspecError(f"--draft-model is only used by --method draft-model, not {method}")
@@ -159,8 +174,12 @@ def _setup(args: argparse.Namespace) -> None:
     if hasattr(args, "temperature"):  # validate everything cheap before loading a model
         GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                          top_k=args.top_k, seed=args.seed, stop=tuple(getattr(args, "stop", ())))
-    if getattr(args, "method", None):
+    if getattr(args, "method", None) and args.method != "auto":
         method_config(args.method, method_options(args, args.method))
+    elif getattr(args, "method", None):
+        method_options(args, "auto")
+    if getattr(args, "remeasure", False) and getattr(args, "method", None) not in (None, "auto"):
+        raise SelfspecError("--remeasure applies to --method auto only")
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -169,14 +188,20 @@ def _setup(args: argparse.Namespace) -> None:
 def _load(args: argparse.Namespace, method: str, model=None):
     from .api import load
 
+    extra = {"remeasure": args.remeasure} if method == "auto" and getattr(args, "remeasure", False) else {}
     return load(model=model or args.model, method=method, device=args.device, dtype=args.dtype,
                 trust_remote_code=args.trust_remote_code, kernels=None if model else args.kernels,
-                **method_options(args, method))
+                **extra, **method_options(args, method))
 
 
-def kernels_label(kernels: str) -> str:
-    """How reports name a backend: int8 always says that the model is quantised."""
-    return "int8 (quantised model)" if kernels == "int8" else kernels
+def kernels_label(kernels: str, device: str = "cpu") -> str:
+    """How reports name a backend: int8 always says that the model is quantised, and how wide
+    its activations are (7 bits on CPUs without VNNI)."""
+    if kernels != "int8":
+        return kernels
+    from .kernels.int8 import activation_bits
+
+    return f"int8 (quantised model, {activation_bits(device)}-bit activations)"
 
 
 def _stats_line(r) -> str:
@@ -216,30 +241,66 @@ DEMO_PROMPT = (
 )
 
 
+DEMO_RUNS = 2  # each contender runs this often, interleaved; the fastest run counts (as timeit does)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job: ``ar`` and a speculative method side by side on the same prompt."""
+    """The main job: ``ar``, a speculative method (default ``auto``) and ``transformers`` ``generate``
+    side by side on the same prompt, the same model, the same number of tokens."""
+    from .bench.peers import run_peer
+    from .decoding.text import encode_prompt
+
     _setup(args)
     prompt = args.prompt or DEMO_PROMPT
     kw = _gen_kwargs(args)
     ar = _load(args, "ar")
     spec = _load(args, args.method, model=ar.target)
+    target = ar.target
+    ids = encode_prompt(target.tokenizer, prompt, kw["chat"], target.model.config.vocab_size)
+
+    def hf_generate():
+        target.use_kernels("stock", keep=True)  # transformers as users run it: fp32, stock kernels
+        try:
+            return run_peer("hf", target.model, ids, kw["max_new_tokens"], kw["temperature"], kw["top_p"],
+                            kw["top_k"], kw["seed"])
+        finally:
+            target.use_kernels(ar.kernels, keep=True)
+
     warm = dict(kw, max_new_tokens=8)
     ar.generate(prompt, **warm)
     spec.generate(prompt, **warm)
-    results = []
-    for g in (ar, spec):
-        r = g.generate(prompt, **kw)
-        results.append(r)
+    run_peer("hf", target.model, ids, 8, 0.0, 1.0, 0, 0) if ar.kernels == "stock" else hf_generate()
+    best: dict[str, object] = {}
+    hf_wall = float("inf")
+    hf = None
+    for _ in range(DEMO_RUNS):
+        for g in (ar, spec):
+            r = g.generate(prompt, **kw)
+            if g.method not in best or r.wall_s < best[g.method].wall_s:
+                best[g.method] = r
+        out = hf_generate()
+        if out.wall_s < hf_wall:
+            hf, hf_wall = out, out.wall_s
+    a, s = best[ar.method], best[spec.method]
+    for r in (a, s):
         print(f"===== {r.method}{'' if r.lossless else ' (NOT lossless)'} =====")
         print(r.text)
         print(_stats_line(r))
         print()
-    a, s = results
     same = a.token_ids == s.token_ids
-    print(f"model {a.model} on {kernels_label(a.kernels)} kernels | prompt {a.prompt_tokens} tokens | "
-          f"{a.new_tokens} new tokens")
-    print(f"ar {a.tokens_per_s:.1f} tok/s | {s.method} {s.tokens_per_s:.1f} tok/s | "
-          f"speedup {a.wall_s / s.wall_s:.2f}x | token ids identical: {'yes' if same else 'NO'}")
+    same_hf = a.token_ids == hf.token_ids  # both keep the EOS token
+    hf_tps = len(hf.token_ids) / hf_wall if hf_wall > 0 else 0.0
+    print("===== transformers generate (fp32, stock kernels) =====")
+    print("(same token ids as ar)" if same_hf else target.tokenizer.decode(hf.token_ids, skip_special_tokens=True))
+    print()
+    print(f"model {a.model} | ar and {s.method} on {kernels_label(a.kernels)} kernels | prompt {a.prompt_tokens} "
+          f"tokens | {a.new_tokens} new tokens | fastest of {DEMO_RUNS} runs each")
+    print(f"ar {a.tokens_per_s:.1f} tok/s | {s.method} {s.tokens_per_s:.1f} tok/s | transformers generate "
+          f"{hf_tps:.1f} tok/s")
+    vs_hf = hf_wall * a.new_tokens / max(len(hf.token_ids), 1) / s.wall_s
+    print(f"{s.method}: speedup {a.wall_s / s.wall_s:.2f}x over ar, {vs_hf:.2f}x over transformers generate | "
+          f"token ids identical to ar: {'yes' if same else 'NO'}, to transformers generate: "
+          f"{'yes' if same_hf else 'no (kernel rounding near a tie; see docs/performance.md)'}")
     if kw["temperature"] == 0 and not same and s.lossless:
         print("selfspec: error: greedy outputs differ; please report this", file=sys.stderr)
         return 1
@@ -529,8 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip config path (default: $SELFSPEC_HOME/skip_configs/MODEL.json, used automatically)")
     t.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    t.add_argument("--kernels", default="stock", type=_kernels_arg(False),
-                   help="tune on this linear-layer backend (use the one you will decode with)")
+    t.add_argument("--kernels", default="auto", type=_kernels_arg(False),
+                   help="tune on this linear-layer backend (use the one you will decode with; default auto)")
     t.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.set_defaults(func=cmd_tune)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .core.cost import load_or_measure
 from .drafters.base import Drafter, NullDrafter
@@ -130,10 +131,11 @@ def _build_self_spec(target: LoadedModel, cfg: SelfSpecConfig, ctx: BuildContext
 
 def _head(target: LoadedModel, cfg: EagleConfig, method: str):
     """The head of ``eagle2`` / ``hass``: ``cfg.head`` (a directory, or ``random`` for an untrained
-    head: tests and lower bounds), else the trained one in ``$SELFSPEC_HOME/heads``."""
+    head: tests and lower bounds), else the trained one in ``$SELFSPEC_HOME/heads``, else the one
+    shipped with the package."""
     import torch
 
-    from .heads import default_head_dir
+    from .heads import find_head_dir
     from .heads.eagle import EagleHead, load_head
 
     if cfg.head.startswith("random"):
@@ -144,11 +146,15 @@ def _head(target: LoadedModel, cfg: EagleConfig, method: str):
         with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
             torch.manual_seed(seed)
             return EagleHead(target.model).eval(), f"random:{seed}"
-    path = cfg.head or str(default_head_dir(target.name, method))
-    if not cfg.head and not default_head_dir(target.name, method).is_dir():
+    found = None if cfg.head else find_head_dir(target.name, method)
+    if not cfg.head and found is None:
         raise SelfspecError(
             f"no trained {method} head for model '{target.name}': train one with `bash scripts/train_hass.sh` "
             f"(or `selfspec train hass --model {target.name} --out DIR`) and pass head=DIR (--head DIR)")
+    path = cfg.head or str(found)
+    if cfg.head and not Path(cfg.head).is_dir():
+        raise SelfspecError(f"head directory {cfg.head} does not exist; pass a directory written by "
+                            "`selfspec train hass` (--head DIR)")
     head, _ = load_head(path, target.model)
     return head, path
 

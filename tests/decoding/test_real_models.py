@@ -62,8 +62,8 @@ def smol_fast(request):
     from selfspec.models.loading import load_model
 
     if request.param == "int8" and not fast_cpu_int8():
-        pytest.skip("int8 on this CPU (no VNNI) uses the exact but slow torch._int_mm fallback; its exactness "
-                    "is covered by the tiny-model tests")
+        pytest.skip("int8 here uses the exact but slow torch._int_mm fallback (this torch build has no exact "
+                    "oneDNN int8 product); its exactness is covered by the tiny-model tests")
     target = load_model(bundled_path("smollm2-135m-instruct"), kernels=request.param)
     target.refs = None  # generate's ids on this same model (int8), computed once
     return target

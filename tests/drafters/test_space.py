@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import selfspec
+from selfspec.core import kv_cache
 from selfspec.core.acceptance import Verdict
 from selfspec.core.cost import CostProfile
 from selfspec.core.mask_groups import mask_groups
@@ -64,7 +65,7 @@ def test_masked_forward_context_isolation(target):
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        model(input_ids=torch.tensor([prefix[:-1]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([prefix[:-1]]), **kv_cache.cache_arg(model, cache), use_cache=True)
         base = cache.get_seq_length()
         ids = torch.cat([real, torch.full((rel.numel(),), MASK)])
         pos = torch.cat([torch.arange(real.numel()), rel]) + base

@@ -46,7 +46,7 @@ def test_int8_linear_rows_do_not_depend_on_the_batch(bias):
 def test_int8_kernels_agree_exactly():
     """The oneDNN u8 x s8 kernel and torch._int_mm give the same result bit for bit."""
     if not int8._onednn_int8():
-        pytest.skip("no exact oneDNN int8 kernel here (this torch build or a CPU without VNNI)")
+        pytest.skip("no exact oneDNN int8 kernel here (this torch build has no oneDNN int8 product)")
     torch.manual_seed(1)
     lin = torch.nn.Linear(64, 48)
     a, b = Int8Linear(lin), Int8Linear(lin)
@@ -56,14 +56,40 @@ def test_int8_kernels_agree_exactly():
     assert torch.equal(a(x), b(x))
 
 
+def test_activation_width_probe_is_exact_and_sound():
+    """The width the probe picks gives exact sums on the worst case; a wider one on this CPU does not."""
+    bits = int8.onednn_activation_bits()
+    if bits == 0:
+        pytest.skip("this torch build has no oneDNN int8 product (torch._int_mm is used)")
+    assert int8._onednn_exact(bits)
+    if bits == 7:  # no VNNI: 8-bit activations saturate (negative control: the probe can fail)
+        assert not int8._onednn_exact(8)
+    assert int8.activation_bits("cpu") == bits
+
+
+def test_int8_layer_is_exact_at_the_largest_activations():
+    """Every row at full scale (the saturating case on CPUs without VNNI) equals the int64 sum."""
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(512, 64, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.sign(torch.randn(64, 512)))  # every weight quantises to +-127
+    layer = Int8Linear(lin)
+    x = torch.sign(torch.randn(4, 512))  # every activation quantises to +-qmax
+    qmax = layer.matmul.act_qmax
+    wq, ws = quantize_rows(lin.weight.detach())
+    xq, xs = quantize_rows(x, qmax)
+    exact = (xq.to(torch.int64) @ wq.to(torch.int64).t()).double() * ws.double().t() * xs.double()
+    assert torch.allclose(layer(x).double(), exact, rtol=1e-6, atol=0)
+
+
 def one_token_logits(model, ids: list[int], prefix: int) -> torch.Tensor:
     """Logits of tokens prefix.. decoded one at a time after a batched prefill: ``[len - prefix, V]``."""
     cache = kv_cache.new_cache(model.config)
-    model(input_ids=torch.tensor([ids[:prefix]]), past_key_values=cache, use_cache=True)
+    model(input_ids=torch.tensor([ids[:prefix]]), **kv_cache.cache_arg(model, cache), use_cache=True)
     rows = []
     for i in range(prefix, len(ids)):
-        out = model(input_ids=torch.tensor([[ids[i]]]), position_ids=torch.tensor([[i]]), past_key_values=cache,
-                    use_cache=True)
+        out = model(input_ids=torch.tensor([[ids[i]]]), position_ids=torch.tensor([[i]]),
+                    **kv_cache.cache_arg(model, cache), use_cache=True)
         rows.append(out.logits[0, -1])
     return torch.stack(rows)
 
@@ -72,12 +98,13 @@ def block_differences(model, ids: list[int], prefix: int, qs) -> list[float]:
     """Largest |verify logits - one-token logits| for each block size q."""
     ref = one_token_logits(model, ids, prefix)
     cache = kv_cache.new_cache(model.config)
-    model(input_ids=torch.tensor([ids[:prefix]]), past_key_values=cache, use_cache=True)
+    model(input_ids=torch.tensor([ids[:prefix]]), **kv_cache.cache_arg(model, cache), use_cache=True)
     worst = []
     for q in qs:
         kv_cache.truncate(cache, prefix)
         out = model(input_ids=torch.tensor([ids[prefix:prefix + q]]),
-                    position_ids=torch.arange(prefix, prefix + q)[None], past_key_values=cache, use_cache=True)
+                    position_ids=torch.arange(prefix, prefix + q)[None], **kv_cache.cache_arg(model, cache),
+                    use_cache=True)
         worst.append(float((out.logits[0] - ref[:q]).abs().max()))
     return worst
 

@@ -43,7 +43,7 @@ def test_skipped_attention_writes_no_kv_and_restores():
     before = _logits(model, ids)
     cache = kv_cache.new_cache(model.config)
     with skip_sublayers(model, SkipSet.of((1,), (0,))), torch.inference_mode():
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids]), **kv_cache.cache_arg(model, cache), use_cache=True)
     lengths = [layer.keys.shape[-2] if layer.is_initialized else 0 for layer in cache.layers]
     assert lengths == [9, 0, 9]
     assert all("forward" not in b.self_attn.__dict__ and "forward" not in b.mlp.__dict__ for b in decoder_layers(model))

@@ -93,7 +93,7 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
     g = torch.Generator().manual_seed(0)
     cache = kv_cache.new_cache(model.config)
     prompt = torch.randint(0, vocab, (1, context), generator=g)
-    model(input_ids=prompt.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=prompt.to(device), **kv_cache.cache_arg(model, cache), use_cache=True, logits_to_keep=1)
     times: dict[int, list[float]] = {q: [] for q in qs}
     for r in range(reps + 1):  # round 0 warms up
         for q in qs:
@@ -102,7 +102,7 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, position_ids=pos, **kv_cache.cache_arg(model, cache), use_cache=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0

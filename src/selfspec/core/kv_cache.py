@@ -12,11 +12,27 @@ when the path is not a prefix of the verified block (a tree branch), and drops t
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..errors import SelfspecError
+
+
+@functools.cache
+def _cache_arg_name(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_arg(module: torch.nn.Module, cache) -> dict:
+    """``{name: cache}`` for ``module(...)``, under the argument name the installed
+    ``transformers`` expects: ``past_key_values`` up to 5.2x, ``cache`` later (the old name
+    still works there but warns)."""
+    return {_cache_arg_name(type(module)): cache}
 
 
 class PreallocLayer(DynamicLayer):

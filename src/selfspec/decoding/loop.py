@@ -38,7 +38,7 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
     prompt = torch.tensor(state.ids, dtype=torch.long)
     out = model(
         input_ids=prompt.to(device)[None],
-        past_key_values=state.cache,
+        **kv_cache.cache_arg(model, state.cache),
         use_cache=True,
         output_hidden_states=drafter.needs_hidden,
         logits_to_keep=1,

@@ -93,7 +93,8 @@ class DraftModelDrafter:
         """Feed ``ids`` after the draft cache; returns the last position's logits ``[V_d]``."""
         t = torch.tensor(ids, dtype=torch.long, device=self.device)[None]
         pos = torch.arange(self.length, self.length + len(ids), device=self.device)[None]
-        out = self.draft(input_ids=t, position_ids=pos, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = self.draft(input_ids=t, position_ids=pos, **kv_cache.cache_arg(self.draft, self.cache), use_cache=True,
+                         logits_to_keep=1)
         self.length += len(ids)
         return out.logits[0, -1].float()
 

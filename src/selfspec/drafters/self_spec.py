@@ -87,7 +87,7 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
     mask = build_mask(position, block, model.config._attn_implementation, model.dtype, device)
     out = model(input_ids=torch.tensor([tokens], device=device),
                 position_ids=torch.arange(position, position + t, device=device)[None], attention_mask=mask,
-                past_key_values=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+                **kv_cache.cache_arg(model, cache), use_cache=True, logits_to_keep=1 if last_only else 0)
     return out.logits[0].float()
 
 

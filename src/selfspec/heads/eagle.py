@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..core import kv_cache
 from ..errors import SelfspecError
 from ..models.skipping import decoder_layers
 
@@ -114,7 +115,8 @@ class EagleHead(nn.Module):
     def layer_forward(self, h: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache=None) -> torch.Tensor:
         """The decoder layer on already projected inputs ``h`` (``[B, T, H]``)."""
         pe = self.rotary_emb(h, position_ids=positions)
-        return self.layers[0](h, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        return self.layers[0](h, attention_mask=mask, position_ids=positions,
+                              **kv_cache.cache_arg(self.layers[0], cache),
                               use_cache=cache is not None, position_embeddings=pe)
 
     # -- files ---------------------------------------------------------------------------------

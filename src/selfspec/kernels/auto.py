@@ -1,19 +1,23 @@
 """``--kernels auto``: pick the fastest fp32 backend for this model on this machine.
 
-Quick measurement (``core.cost.measure`` of q = 1 and 4 only, 3 rounds, 128-token cache),
-cached next to the cost profiles so it happens once per model, dtype, device and machine.
-Score = T(1) + T(4): one decoding step plus one typical verify step.
+Quick measurement (``core.cost.measure`` of q = 1 and 4 only, 128-token cache, the candidates
+interleaved over 3 rounds), cached next to the cost profiles so it happens once per model,
+dtype, device and machine. Score = median of T(1) + T(4): one decoding step plus one typical
+verify step. A corrupt or unreadable cache is measured again, never trusted.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 from torch import nn
 
 from ..core.cost import measure, profile_key, profile_path
 from . import onednn
+
+ROUNDS = 3
 
 
 def candidates(model: nn.Module) -> list[str]:
@@ -42,18 +46,26 @@ def choose(model: nn.Module, model_name: str) -> str:
             choice = json.loads(path.read_text())["backend"]
             if choice in cands:
                 return choice
-        except (json.JSONDecodeError, KeyError):
-            pass
+        except (json.JSONDecodeError, KeyError, TypeError, OSError):
+            pass  # corrupt or unreadable: measured again, never trusted
     print(f"selfspec: timing fp32 kernels ({', '.join(cands)}) for {model_name} on this machine (once) ...",
           file=sys.stderr)
     from . import apply_kernels
 
-    costs = {}
-    for name in cands:  # each candidate as it would run: its layers and its attention function
-        apply_kernels(model, name, model_name)
-        costs[name] = quick_cost(model, model_name)
-    apply_kernels(model, "stock", model_name)
+    samples: dict[str, list[float]] = {name: [] for name in cands}
+    for _ in range(ROUNDS):  # interleaved, so a change of machine load hits every candidate alike
+        for name in cands:  # each candidate as it would run: its layers and its attention function
+            apply_kernels(model, name, model_name, keep=True)
+            samples[name].append(quick_cost(model, model_name))
+    apply_kernels(model, "stock", model_name)  # frees the kept copies
+    costs = {name: statistics.median(v) for name, v in samples.items()}
     choice = min(costs, key=costs.get)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"backend": choice, "seconds": costs}, indent=1))
+    print(f"selfspec: {choice} kernels are the fastest here ("
+          + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in costs.items()) + " for T(1) + T(4))", file=sys.stderr)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"backend": choice, "seconds": costs}, indent=1))
+    except OSError as e:  # a read-only cache: measured again next time, not an error
+        print(f"selfspec: could not cache the kernels choice in {path.parent} ({e.strerror}); set SELFSPEC_HOME "
+              "to a writable directory", file=sys.stderr)
     return choice

@@ -1,5 +1,7 @@
 """``int8`` backend: int8 weights (one scale per output channel) times int8 activations (one
-scale per row, i.e. per token), accumulated in int32.
+scale per row, i.e. per token), accumulated exactly in integers. Activations are 8 bits wide,
+or 7 bits on x86 CPUs without VNNI, where that keeps oneDNN's fast product exact
+(:func:`onednn_activation_bits`).
 
 This changes the model (weights and activations are rounded to 8 bits), so it is opt-in. It
 keeps speculative decoding exact *with respect to the quantised model*: integer accumulation is
@@ -25,26 +27,27 @@ from ..errors import SelfspecError
 from . import rowwise_attention
 from .swap import SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
-QMAX = 127.0
+QMAX = 127.0  # weights: symmetric 8 bits
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8 quantisation.
+def quantize_rows(x: torch.Tensor, qmax: float = QMAX) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row quantisation to integers in ``[-qmax, qmax]``.
 
     Args:
         x: ``[M, K]`` float.
+        qmax: largest magnitude (127 for 8 bits, 63 for 7 bits).
     Returns:
         ``(q[M, K] int8, scale[M, 1] float)`` with ``x ~= q * scale``.
     """
-    scale = row_scales(x)
+    scale = row_scales(x, qmax)
     return torch.round(x / scale).to(torch.int8), scale
 
 
-def row_scales(x: torch.Tensor) -> torch.Tensor:
-    """``amax(|x|) / 127`` per row of ``x[M, K]`` -> ``[M, 1]``; a zero row gets a tiny scale
-    (its values quantise to 0 all the same). ``|x / scale| <= 127`` holds without clamping."""
-    return x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30).div_(QMAX)
+def row_scales(x: torch.Tensor, qmax: float = QMAX) -> torch.Tensor:
+    """``amax(|x|) / qmax`` per row of ``x[M, K]`` -> ``[M, 1]``; a zero row gets a tiny scale
+    (its values quantise to 0 all the same). ``|x / scale| <= qmax`` holds without clamping."""
+    return x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30).div_(qmax)
 
 
 def available(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -56,35 +59,53 @@ def available(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _onednn_int8() -> bool:
-    """Whether oneDNN's u8 x s8 product is available *and exact* on this CPU.
+def _onednn_exact(bits: int) -> bool:
+    """Whether oneDNN's u8 x s8 product gives exact integer sums for ``bits``-wide activations.
 
-    On x86 CPUs without VNNI instructions (AVX2 only) oneDNN adds pairs of u8 x s8 products in
-    int16 with saturation, so large activations give wrong sums (measured: 21% relative error
-    on a Linear layer). A saturating probe detects that; the backend then uses
-    ``torch._int_mm`` (exact, but much slower on CPU) and says so once.
+    The probe is the worst case for saturation: every activation at its largest magnitude times
+    weights of +-127, so any pair of products summed in int16 overflows if it can.
     """
-    if not (hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
-            and torch.backends.mkldnn.is_available()):
-        return False
+    zp = 1 << (bits - 1)
     k, n = 64, 8
     w = torch.full((n, k), 127, dtype=torch.int8)
     w[1::2] = -127
-    xu = torch.full((2, k), 255, dtype=torch.uint8)
+    xu = torch.full((3, k), 2 * zp - 1, dtype=torch.uint8)
     xu[1] = 0
+    xu[2, ::2] = 0
     try:
-        y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, torch.ops.onednn.qlinear_prepack(w, None),
+        y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, zp, torch.ops.onednn.qlinear_prepack(w, None),
                                                torch.ones(n), torch.zeros(n, dtype=torch.int64), None, 1.0, 0,
                                                torch.float32, "none", [], "")
     except RuntimeError:
         return False
-    exact = ((xu.to(torch.int64) - 128) @ w.to(torch.int64).t()).float()
-    if torch.equal(y, exact):
-        return True
-    print("selfspec: this CPU lacks VNNI int8 instructions, on which oneDNN's int8 product saturates; the int8 "
-          "backend falls back to torch._int_mm (exact, slow on CPU). Use --kernels onednn here.", file=sys.stderr)
-    return False
+    exact = ((xu.to(torch.int64) - zp) @ w.to(torch.int64).t()).float()
+    return torch.equal(y, exact)
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_activation_bits() -> int:
+    """Widest activation width for which oneDNN's u8 x s8 CPU product is exact here (8 or 7), or 0.
+
+    With VNNI (AVX-512 VNNI / AVX-VNNI) products accumulate in int32: 8 bits are exact. Without
+    it (AVX2 only) oneDNN adds *pairs* of u8 x s8 products in saturating int16; with activations
+    of 7 bits (|x| <= 63, stored as 1..127 with zero point 64) a pair is at most 2 * 127 * 127 =
+    32258 < 2^15, so nothing saturates and the sums are exact again. 0 means no exact oneDNN path
+    (then ``torch._int_mm``, exact but slow on CPU, is used).
+    """
+    if not (hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
+            and torch.backends.mkldnn.is_available()):
+        return 0
+    for bits in (8, 7):
+        if _onednn_exact(bits):
+            return bits
+    print("selfspec: oneDNN's int8 product is not exact on this CPU; the int8 backend falls back to "
+          "torch._int_mm (exact, slow on CPU). Use --kernels onednn here.", file=sys.stderr)
+    return 0
+
+
+def _onednn_int8() -> bool:
+    """Whether the CPU int8 backend runs on oneDNN's fast, exact product (8- or 7-bit activations)."""
+    return onednn_activation_bits() > 0
 
 
 def fast_cpu_int8() -> bool:
@@ -92,12 +113,23 @@ def fast_cpu_int8() -> bool:
     return _onednn_int8()
 
 
+def activation_bits(device: torch.device | str = "cpu") -> int:
+    """Activation width of the int8 model on ``device``: 8, or 7 on x86 CPUs without VNNI.
+
+    The width is part of the quantised model's definition (what it computes), so reports name it.
+    """
+    if torch.device(device).type == "cpu" and onednn_activation_bits() == 7:
+        return 7
+    return 8
+
+
 class Int8Matmul:
     """``x[M, K] -> (q(x) @ Wq.T) * s_w * s_x + b`` ``[M, N]`` for one int8 weight matrix.
 
-    Kernels: on CPU, oneDNN's u8 x s8 product with the weight prepacked (the int8 activations
-    shifted to uint8 with zero point 128, which oneDNN compensates exactly; flat cost in M);
-    elsewhere ``torch._int_mm``. Both give the exact int32 sums, so results are the same bits.
+    Kernels: on CPU, oneDNN's u8 x s8 product with the weight prepacked (the signed activations
+    shifted to uint8 with zero point 128, or 64 for 7-bit activations, which oneDNN compensates
+    exactly; flat cost in M); elsewhere ``torch._int_mm``. Both give the exact integer sums, so
+    for the same activation width the results are the same bits.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -105,6 +137,9 @@ class Int8Matmul:
         self.out_features = weight.shape[0]
         self.weight_scale = scale.reshape(-1)  # [N] fp32
         self.bias = None if bias is None else bias.detach().float()
+        bits = activation_bits(weight.device)
+        self.act_qmax = float((1 << (bits - 1)) - 1)  # 127 or 63
+        self.zero_point = 1 << (bits - 1)  # 128 or 64
         self.use_onednn = weight.device.type == "cpu" and _onednn_int8()
         if self.use_onednn:
             self.packed = torch.ops.onednn.qlinear_prepack(q, None)
@@ -115,12 +150,12 @@ class Int8Matmul:
     def __call__(self, x2: torch.Tensor) -> torch.Tensor:
         """``x2[M, K]`` float -> ``[M, N]`` fp32."""
         if self.use_onednn:
-            xs = row_scales(x2)
-            xu = torch.round(x2 / xs).add_(128).to(torch.uint8)
-            y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, 128, self.packed, self.weight_scale,
+            xs = row_scales(x2, self.act_qmax)
+            xu = torch.round(x2 / xs).add_(self.zero_point).to(torch.uint8)
+            y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, self.zero_point, self.packed, self.weight_scale,
                                                    self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
         else:
-            xq, xs = quantize_rows(x2)
+            xq, xs = quantize_rows(x2, self.act_qmax)
             if xq.is_cuda and xq.shape[0] <= 16:  # the CUDA kernel wants more than 16 rows
                 pad = torch.zeros(17 - xq.shape[0], xq.shape[1], dtype=torch.int8, device=xq.device)
                 acc = torch._int_mm(torch.cat([xq, pad]), self.weight_t)[: xq.shape[0]]

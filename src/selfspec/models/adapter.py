@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..core import kv_cache
 from ..errors import SelfspecError
 
 # attention functions that take boolean 4-D masks: HF's sdpa and the kernels backends' own
@@ -80,7 +81,7 @@ def forward_block(
         input_ids=ids.to(device)[None],
         position_ids=positions.to(device)[None],
         attention_mask=mask,
-        past_key_values=cache,
+        **kv_cache.cache_arg(model, cache),
         use_cache=True,
         output_hidden_states=want_hidden,
     )

@@ -37,7 +37,8 @@ def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7
     cache = kv_cache.new_cache(model.config)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
-    model(input_ids=torch.tensor([ids], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=torch.tensor([ids], device=device), **kv_cache.cache_arg(model, cache), use_cache=True,
+          logits_to_keep=1)
     sets = {"full": SkipSet(), "no_attention": SkipSet.of(range(n), ()), "no_mlp": SkipSet.of((), range(n)),
             "floor": SkipSet.of(range(n), range(n))}
     times: dict[str, list[float]] = {k: [] for k in sets}
@@ -161,8 +162,8 @@ class ProxyObjective:
         decode loop) and a cache holding the prompt."""
         tokens = self.ar.generate(ids, max_new_tokens=n + 1, ignore_eos=True).token_ids
         cache = kv_cache.new_cache(self.model.config)
-        self.model(input_ids=torch.tensor([ids], device=self.device), past_key_values=cache, use_cache=True,
-                   logits_to_keep=1)
+        self.model(input_ids=torch.tensor([ids], device=self.device), **kv_cache.cache_arg(self.model, cache),
+                   use_cache=True, logits_to_keep=1)
         return _Continuation(len(ids), tokens, cache)
 
     @torch.inference_mode()
