@@ -11,6 +11,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 torch.set_num_threads(int(os.environ.get("SELFSPEC_TEST_THREADS", "2")))  # 1 beside other CPU jobs
+# Tests name their backend; those that test the product default (auto) unset this themselves.
+os.environ["SELFSPEC_KERNELS"] = "stock"
 
 VOCAB = 96
 WORDS = [f"w{i}" for i in range(VOCAB - 4)]

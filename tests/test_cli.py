@@ -118,9 +118,12 @@ def test_jacobi_and_msn_generate_equal_ar(capsys, tiny_dir, method, args):
     assert code == code2 == 0 and out.strip() == ar_out.strip(), err
 
 
-def test_demo_compares_ar_auto_and_generate_without_warnings(capfd, tiny_dir):
-    """README command 1 on a tiny model: ar, auto and transformers generate, no warning printed or raised."""
+def test_demo_compares_ar_auto_and_generate_without_warnings(capfd, tiny_dir, monkeypatch):
+    """README command 1 on a tiny model (its defaults: auto kernels, auto method): ar, auto and
+    transformers generate, no warning printed or raised."""
     import warnings
+
+    monkeypatch.delenv("SELFSPEC_KERNELS")
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -135,8 +138,16 @@ def test_demo_compares_ar_auto_and_generate_without_warnings(capfd, tiny_dir):
     assert "over ar" in last and "over transformers generate" in last and "identical to ar: yes" in last
 
 
-def test_generate_defaults_to_auto(capsys, tiny_dir):
+def test_generate_defaults_to_auto(capsys, tiny_dir, monkeypatch):
+    monkeypatch.delenv("SELFSPEC_KERNELS")
     code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--json", "--max-new-tokens",
                          "8", "w1 w2 w3")
     assert code == 0
     assert json.loads(out)["method"].startswith("auto→")
+
+
+def test_bad_kernels_environment_is_one_line(capsys, tiny_dir, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_KERNELS", "warp")
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", str(tiny_dir), "--no-chat", "w1"])
+    assert e.value.code == 2 and "warp" in capsys.readouterr().err

@@ -177,9 +177,10 @@ def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = "ar", device: s
         trust_remote_code: allow custom modelling code from a model repository (off by default).
         self_test: check at load time that tree verification equals sequential decoding.
         kernels: linear-layer backend, one of ``selfspec.KERNELS``: ``auto`` (default for a new
-            load: the fastest fp32 backend here, measured once per model, dtype, device and
-            machine and cached), ``stock`` (PyTorch's kernels), ``onednn`` (fp32, prepacked; CPU)
-            or ``int8`` (quantised model, opt-in). None keeps a loaded model's current backend.
+            load, or ``$SELFSPEC_KERNELS`` where set: the fastest fp32 backend here, measured
+            once per model, dtype, device and machine and cached), ``stock`` (PyTorch's kernels),
+            ``onednn`` (fp32, prepacked; CPU) or ``int8`` (quantised model, opt-in). None keeps a
+            loaded model's current backend.
         **method_options: options of the method's config, e.g. ``draft_model="..."``, ``k=4``.
     """
     if method == AUTO:
@@ -194,7 +195,9 @@ def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = "ar", device: s
         if kernels is not None and kernels != target.backend:
             target.use_kernels(kernels)
     else:
-        target = load_model(model, device, dtype, trust_remote_code, kernels=kernels or "auto")
+        from .kernels import default_kernels
+
+        target = load_model(model, device, dtype, trust_remote_code, kernels=kernels or default_kernels())
     if self_test:
         tree_self_test(target.model)
     if method == AUTO:

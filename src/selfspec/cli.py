@@ -82,10 +82,10 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (float32 gives exact greedy equality; default float32)")
-    p.add_argument("--kernels", default="auto", type=_kernels_arg(many),
-                   help="linear-layer backend: auto (default: the fastest fp32 backend here, measured once and "
-                        "cached), stock (PyTorch's kernels), onednn (fp32 prepacked, CPU) or int8 (QUANTISED model: "
-                        "lossless w.r.t. the int8 model, not the fp32 one)"
+    p.add_argument("--kernels", default=os.environ.get("SELFSPEC_KERNELS") or "auto", type=_kernels_arg(many),
+                   help="linear-layer backend: auto (default, or $SELFSPEC_KERNELS: the fastest fp32 backend here, "
+                        "measured once and cached), stock (PyTorch's kernels), onednn (fp32 prepacked, CPU) or "
+                        "int8 (QUANTISED model: lossless w.r.t. the int8 model, not the fp32 one)"
                         + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -590,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip config path (default: $SELFSPEC_HOME/skip_configs/MODEL.json, used automatically)")
     t.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    t.add_argument("--kernels", default="auto", type=_kernels_arg(False),
+    t.add_argument("--kernels", default=os.environ.get("SELFSPEC_KERNELS") or "auto", type=_kernels_arg(False),
                    help="tune on this linear-layer backend (use the one you will decode with; default auto)")
     t.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

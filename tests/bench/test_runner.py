@@ -102,3 +102,15 @@ def test_parse_method():
     assert parse_method("self-spec:draft_exit=gamma:k=8:auto_k=false:gamma0=0.5") == (
         "self-spec", {"draft_exit": "gamma", "k": 8, "auto_k": False, "gamma0": 0.5})
     assert parse_method("ar") == ("ar", {})
+
+
+def test_auto_is_named_as_it_ran(tiny_dir, dataset, tmp_path):
+    out = tmp_path / "auto"
+    code = main(["bench", "--model", str(tiny_dir), "--methods", "ar,auto", "--kernels", "stock", "--dataset",
+                 str(dataset), "--max-new-tokens", "10", "--out", str(out)])
+    assert code == 0
+    s = json.loads((out / "report.json").read_text())["summary"]
+    auto = [k for k in s if k.startswith("auto→")]
+    assert len(auto) == 1 and s[auto[0]]["identical"] == "3/3"
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in records} == {"ar", auto[0]}

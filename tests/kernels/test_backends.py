@@ -37,6 +37,32 @@ def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir):
     assert t.use_kernels("auto") == choice
 
 
+def test_auto_remeasures_a_corrupt_choice(tiny_dir, monkeypatch):
+    from selfspec.kernels import auto
+
+    t = load_model(str(tiny_dir))
+    if len(candidates(t.model)) == 1:
+        pytest.skip("only one fp32 backend here: nothing is measured")
+    path = profile_path(profile_key(t.model, "tiny-corrupt", "auto-choice"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    timed = []
+    monkeypatch.setattr(auto, "quick_cost", lambda model, name: timed.append(1) or 0.1)
+    for bad in ("{oops", json.dumps({"backend": "warp"}), json.dumps(["stock"])):
+        path.write_text(bad)
+        assert choose(t.model, "tiny-corrupt") in candidates(t.model)
+    assert len(timed) == 3 * auto.ROUNDS * len(candidates(t.model))  # measured again each time
+    assert json.loads(path.read_text())["backend"] in candidates(t.model)
+
+
+def test_load_defaults_to_auto_kernels(tiny_dir, monkeypatch):
+    import selfspec
+
+    monkeypatch.delenv("SELFSPEC_KERNELS")
+    g = selfspec.load(str(tiny_dir), method="ar")
+    assert g.kernels in candidates(g.target.model)
+    assert g.generate([5, 9, 11], max_new_tokens=4).kernels == g.kernels
+
+
 def test_unknown_kernels_are_refused(tiny_dir):
     with pytest.raises(SelfspecError, match="unknown kernels 'fast'.*auto, stock, onednn, int8"):
         load_model(str(tiny_dir), kernels="fast")

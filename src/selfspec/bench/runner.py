@@ -144,6 +144,10 @@ def run_cli(args: argparse.Namespace) -> int:
 
     for m in methods:
         base_method, extra = parse_method(m)
+        if base_method == "auto":
+            if extra:
+                raise SelfspecError("auto takes no options in --methods (it chooses a method and its settings)")
+            continue
         method_config(base_method, {**({} if base_method == "ar" else method_options(args, base_method, False)),
                                     **extra})
     prompts = load_dataset(args.dataset, args.limit, args.turns, args.per_category)
@@ -180,8 +184,9 @@ def run_cli(args: argparse.Namespace) -> int:
         for j, m in enumerate(methods):
             base_method, extra = parse_method(m)
             opts = {} if base_method == "ar" else method_options(args, base_method, strict=False)
-            name = entry_name(m, b)
-            generators[name] = load(model=target, method=base_method, self_test=j == 0, **{**opts, **extra})
+            g = load(model=target, method=base_method, self_test=j == 0, **{**opts, **extra})
+            name = entry_name(g.method if base_method == "auto" else m, b)  # auto: named as it ran, auto→pld
+            generators[name] = g
             backend_of[name] = b
     backends = list(dict.fromkeys(backends))
     target.use_kernels("stock", keep=True)

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import os
+
 from torch import nn
 
 from ..errors import SelfspecError
@@ -16,6 +18,14 @@ from . import int8, onednn
 from .swap import current_backend, release_originals, restore_attention, restore_linears
 
 KERNELS = ("auto", "stock", "onednn", "int8")
+
+
+def default_kernels() -> str:
+    """The backend used when none is named: ``$SELFSPEC_KERNELS`` if set, else ``auto``."""
+    value = os.environ.get("SELFSPEC_KERNELS", "").strip() or "auto"
+    if value not in KERNELS:
+        raise SelfspecError(f"SELFSPEC_KERNELS={value!r} is not a kernels backend; use one of: {', '.join(KERNELS)}")
+    return value
 
 
 def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", keep: bool = False) -> str:
@@ -45,4 +55,4 @@ def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", kee
     return kernels
 
 
-__all__ = ["KERNELS", "apply_kernels", "current_backend", "release_originals", "restore_linears"]
+__all__ = ["KERNELS", "apply_kernels", "default_kernels", "current_backend", "release_originals", "restore_linears"]
