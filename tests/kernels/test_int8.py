@@ -43,27 +43,26 @@ def test_int8_linear_rows_do_not_depend_on_the_batch(bias):
     assert 0 < rel < 0.02  # quantised, but close
 
 
-def test_int8_kernels_agree_exactly():
-    """The oneDNN u8 x s8 kernel and torch._int_mm give the same result bit for bit."""
-    if not int8._onednn_int8():
-        pytest.skip("no exact oneDNN int8 kernel here (this torch build has no oneDNN int8 product)")
+@pytest.mark.parametrize("kernel", ["fbgemm", "onednn"])
+def test_int8_kernels_agree_exactly(kernel):
+    """Each fast CPU kernel that is exact here gives torch._int_mm's result bit for bit."""
+    bits = int8.activation_bits("cpu")
+    if not int8._exact(kernel, bits):
+        pytest.skip(f"{kernel} is not exact for {bits}-bit activations on this CPU (the probe refuses it)")
     torch.manual_seed(1)
     lin = torch.nn.Linear(64, 48)
-    a, b = Int8Linear(lin), Int8Linear(lin)
-    q, _ = quantize_rows(lin.weight.detach())
-    b.use_onednn, b.weight_t = False, q.t()
-    x = torch.randn(7, 64)
+    a, b = int8.Int8Matmul(lin.weight, lin.bias, kernel), int8.Int8Matmul(lin.weight, lin.bias, "int_mm")
+    x = torch.randn(7, 64) * torch.logspace(-2, 2, 7)[:, None]
     assert torch.equal(a(x), b(x))
 
 
-def test_activation_width_probe_is_exact_and_sound():
-    """The width the probe picks gives exact sums on the worst case; a wider one on this CPU does not."""
-    bits = int8.onednn_activation_bits()
-    if bits == 0:
-        pytest.skip("this torch build has no oneDNN int8 product (torch._int_mm is used)")
-    assert int8._onednn_exact(bits)
+def test_cpu_int8_path_is_exact_and_sound():
+    """The probe's choice gives exact sums on the worst case; where it picked 7 bits, 8 bits saturate."""
+    kernel, bits = int8.cpu_int8_path()
+    assert int8.fast_cpu_int8(), "no exact fast int8 kernel on this CPU"
+    assert int8._exact(kernel, bits)
     if bits == 7:  # no VNNI: 8-bit activations saturate (negative control: the probe can fail)
-        assert not int8._onednn_exact(8)
+        assert not int8._exact(kernel, 8)
     assert int8.activation_bits("cpu") == bits
 
 

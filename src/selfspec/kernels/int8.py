@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
+import warnings
 
 import torch
 from torch import nn
@@ -59,58 +61,132 @@ def available(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def _onednn_exact(bits: int) -> bool:
-    """Whether oneDNN's u8 x s8 product gives exact integer sums for ``bits``-wide activations.
+ZERO_POINT = {8: 128, 7: 64}  # activations stored as uint8: value + zero point
 
-    The probe is the worst case for saturation: every activation at its largest magnitude times
-    weights of +-127, so any pair of products summed in int16 overflows if it can.
+
+def _prepack_fbgemm(q: torch.Tensor) -> object:
+    """An ``[N, K]`` int8 matrix packed for fbgemm with unit scales (so the kernel returns the
+    raw integer sums as fp32; our own scales are applied afterwards, as on every other path)."""
+    n = q.shape[0]
+    engine = torch.backends.quantized.engine
+    with warnings.catch_warnings():  # quantized-tensor creation is deprecated in torch; the kernel is not
+        warnings.simplefilter("ignore")
+        qw = torch._make_per_channel_quantized_tensor(q, torch.ones(n, dtype=torch.double),
+                                                      torch.zeros(n, dtype=torch.long), 0)
+        try:
+            if "fbgemm" in torch.backends.quantized.supported_engines:
+                torch.backends.quantized.engine = "fbgemm"
+            return torch.ops.quantized.linear_prepack(qw, None)
+        finally:
+            torch.backends.quantized.engine = engine
+
+
+def _fbgemm_sums(xi: torch.Tensor, packed: object, zero_point: int) -> torch.Tensor:
+    """``xi[M, K]`` (integer-valued fp32) times the packed int8 matrix: ``[M, N]`` fp32 sums."""
+    return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(xi, 1.0, zero_point, packed)
+
+
+def _onednn_sums(xi: torch.Tensor, packed: object, zero_point: int, ones: torch.Tensor,
+                 zeros: torch.Tensor) -> torch.Tensor:
+    """Same as :func:`_fbgemm_sums` on oneDNN's u8 x s8 product (zero point compensated by oneDNN)."""
+    xu = xi.add(zero_point).to(torch.uint8)
+    return torch.ops.onednn.qlinear_pointwise(xu, 1.0, zero_point, packed, ones, zeros, None, 1.0, 0,
+                                              torch.float32, "none", [], "")
+
+
+def _kernel_available(kernel: str) -> bool:
+    if kernel == "fbgemm":
+        return (hasattr(torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32")
+                and "fbgemm" in torch.backends.quantized.supported_engines)
+    if kernel == "onednn":
+        return (hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
+                and torch.backends.mkldnn.is_available())
+    return False
+
+
+class _CpuKernel:
+    """One CPU int8 kernel on one packed matrix: ``sums(xi[M, K]) -> [M, N]`` fp32 integer sums."""
+
+    def __init__(self, kernel: str, q: torch.Tensor, bits: int) -> None:
+        self.kernel, self.zero_point = kernel, ZERO_POINT[bits]
+        n = q.shape[0]
+        if kernel == "fbgemm":
+            self.packed = _prepack_fbgemm(q)
+        else:
+            self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+            self.ones, self.zeros = torch.ones(n), torch.zeros(n, dtype=torch.int64)
+
+    def sums(self, xi: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "fbgemm":
+            return _fbgemm_sums(xi, self.packed, self.zero_point)
+        return _onednn_sums(xi, self.packed, self.zero_point, self.ones, self.zeros)
+
+
+def _exact(kernel: str, bits: int) -> bool:
+    """Whether ``kernel`` gives exact integer sums for ``bits``-wide activations on this CPU.
+
+    The probe is the worst case for saturation: activations at their largest magnitudes times
+    weights of +-127, so any pair of products summed in int16 (x86 CPUs without VNNI) overflows
+    if it can. Rows: all +qmax, all -qmax-1 (8 bits) or -qmax, and alternating signs.
     """
-    zp = 1 << (bits - 1)
+    if not _kernel_available(kernel):
+        return False
+    qmax = (1 << (bits - 1)) - 1
+    lo = -qmax - 1 if bits == 8 else -qmax
     k, n = 64, 8
     w = torch.full((n, k), 127, dtype=torch.int8)
     w[1::2] = -127
-    xu = torch.full((3, k), 2 * zp - 1, dtype=torch.uint8)
-    xu[1] = 0
-    xu[2, ::2] = 0
+    x = torch.full((3, k), float(qmax))
+    x[1] = lo
+    x[2, ::2] = lo
     try:
-        y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, zp, torch.ops.onednn.qlinear_prepack(w, None),
-                                               torch.ones(n), torch.zeros(n, dtype=torch.int64), None, 1.0, 0,
-                                               torch.float32, "none", [], "")
+        y = _CpuKernel(kernel, w, bits).sums(x)
     except RuntimeError:
         return False
-    exact = ((xu.to(torch.int64) - zp) @ w.to(torch.int64).t()).float()
-    return torch.equal(y, exact)
+    return torch.equal(y, (x.to(torch.int64) @ w.to(torch.int64).t()).float())
+
+
+def _fastest(kernels: list[str], bits: int) -> str:
+    """The fastest of ``kernels`` on a 1024 x 4096 matrix at M = 1 and M = 8 (the two regimes),
+    timed interleaved over a few rounds (best round of each), so machine load hits all alike."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (4096, 1024), dtype=torch.int8, generator=g)
+    qmax = (1 << (bits - 1)) - 1
+    xs = [torch.randint(-qmax, qmax + 1, (m, 1024), generator=g).float() for m in (1, 8)]
+    kerns = {k: _CpuKernel(k, q, bits) for k in kernels}
+    best = dict.fromkeys(kernels, float("inf"))
+    for _ in range(6):
+        for k, kern in kerns.items():
+            t0 = time.perf_counter()
+            for x in xs:
+                kern.sums(x)
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return min(kernels, key=best.get)
 
 
 @functools.lru_cache(maxsize=1)
-def onednn_activation_bits() -> int:
-    """Widest activation width for which oneDNN's u8 x s8 CPU product is exact here (8 or 7), or 0.
+def cpu_int8_path() -> tuple[str, int]:
+    """``(kernel, activation bits)`` of the CPU int8 backend on this machine.
 
-    With VNNI (AVX-512 VNNI / AVX-VNNI) products accumulate in int32: 8 bits are exact. Without
-    it (AVX2 only) oneDNN adds *pairs* of u8 x s8 products in saturating int16; with activations
-    of 7 bits (|x| <= 63, stored as 1..127 with zero point 64) a pair is at most 2 * 127 * 127 =
-    32258 < 2^15, so nothing saturates and the sums are exact again. 0 means no exact oneDNN path
-    (then ``torch._int_mm``, exact but slow on CPU, is used).
+    The widest activation width with an exact fast kernel wins (8 bits with VNNI); among exact
+    kernels of that width, the faster by a quick timing. Without VNNI (AVX2 only) both fbgemm
+    and oneDNN add *pairs* of u8 x s8 products in saturating int16; with 7-bit activations
+    (|x| <= 63, stored as 1..127 with zero point 64) a pair is at most 2 * 127 * 127 = 32258 <
+    2^15, so nothing saturates and the sums are exact again. ``("int_mm", 8)``: no exact fast
+    kernel (``torch._int_mm``, exact but slow on CPU).
     """
-    if not (hasattr(torch.ops, "onednn") and hasattr(torch.ops.onednn, "qlinear_pointwise")
-            and torch.backends.mkldnn.is_available()):
-        return 0
     for bits in (8, 7):
-        if _onednn_exact(bits):
-            return bits
-    print("selfspec: oneDNN's int8 product is not exact on this CPU; the int8 backend falls back to "
-          "torch._int_mm (exact, slow on CPU). Use --kernels onednn here.", file=sys.stderr)
-    return 0
-
-
-def _onednn_int8() -> bool:
-    """Whether the CPU int8 backend runs on oneDNN's fast, exact product (8- or 7-bit activations)."""
-    return onednn_activation_bits() > 0
+        exact = [k for k in ("fbgemm", "onednn") if _exact(k, bits)]
+        if exact:
+            return (_fastest(exact, bits) if len(exact) > 1 else exact[0]), bits
+    print("selfspec: no exact fast int8 product on this CPU; the int8 backend falls back to torch._int_mm "
+          "(exact, slow on CPU). Use --kernels onednn here.", file=sys.stderr)
+    return "int_mm", 8
 
 
 def fast_cpu_int8() -> bool:
-    """True when the int8 backend runs on oneDNN's fast (and exact) product on this CPU."""
-    return _onednn_int8()
+    """True when the int8 backend runs on an exact fast kernel (fbgemm or oneDNN) on this CPU."""
+    return cpu_int8_path()[0] != "int_mm"
 
 
 def activation_bits(device: torch.device | str = "cpu") -> int:
@@ -118,51 +194,48 @@ def activation_bits(device: torch.device | str = "cpu") -> int:
 
     The width is part of the quantised model's definition (what it computes), so reports name it.
     """
-    if torch.device(device).type == "cpu" and onednn_activation_bits() == 7:
-        return 7
-    return 8
+    return cpu_int8_path()[1] if torch.device(device).type == "cpu" else 8
 
 
 class Int8Matmul:
     """``x[M, K] -> (q(x) @ Wq.T) * s_w * s_x + b`` ``[M, N]`` for one int8 weight matrix.
 
-    Kernels: on CPU, oneDNN's u8 x s8 product with the weight prepacked (the signed activations
-    shifted to uint8 with zero point 128, or 64 for 7-bit activations, which oneDNN compensates
-    exactly; flat cost in M); elsewhere ``torch._int_mm``. Both give the exact integer sums, so
-    for the same activation width the results are the same bits.
+    Kernels: on CPU, the exact fast kernel :func:`cpu_int8_path` picks (fbgemm or oneDNN, the
+    weight prepacked once, activations shifted to uint8 by a zero point that the kernel
+    compensates exactly; nearly flat cost in M); elsewhere ``torch._int_mm``. Every kernel
+    returns the exact integer sums, so for one activation width the results are the same bits.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str | None = None) -> None:
         q, scale = quantize_rows(weight.detach().float())
         self.out_features = weight.shape[0]
         self.weight_scale = scale.reshape(-1)  # [N] fp32
         self.bias = None if bias is None else bias.detach().float()
         bits = activation_bits(weight.device)
         self.act_qmax = float((1 << (bits - 1)) - 1)  # 127 or 63
-        self.zero_point = 1 << (bits - 1)  # 128 or 64
-        self.use_onednn = weight.device.type == "cpu" and _onednn_int8()
-        if self.use_onednn:
-            self.packed = torch.ops.onednn.qlinear_prepack(q, None)
-            self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
-        else:
+        if kernel is None:
+            kernel = cpu_int8_path()[0] if weight.device.type == "cpu" else "int_mm"
+        self.kernel = kernel
+        if kernel == "int_mm":
             self.weight_t = q.t()  # [K, N] view of a row-major [N, K] int8 matrix (torch._int_mm)
+        else:
+            self.cpu = _CpuKernel(kernel, q, bits)
 
     def __call__(self, x2: torch.Tensor) -> torch.Tensor:
         """``x2[M, K]`` float -> ``[M, N]`` fp32."""
-        if self.use_onednn:
-            xs = row_scales(x2, self.act_qmax)
-            xu = torch.round(x2 / xs).add_(self.zero_point).to(torch.uint8)
-            y = torch.ops.onednn.qlinear_pointwise(xu, 1.0, self.zero_point, self.packed, self.weight_scale,
-                                                   self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
-        else:
-            xq, xs = quantize_rows(x2, self.act_qmax)
+        xs = row_scales(x2, self.act_qmax)
+        xi = torch.round(x2 / xs)  # integers in [-qmax, qmax], as fp32
+        if self.kernel == "int_mm":
+            xq = xi.to(torch.int8)
             if xq.is_cuda and xq.shape[0] <= 16:  # the CUDA kernel wants more than 16 rows
                 pad = torch.zeros(17 - xq.shape[0], xq.shape[1], dtype=torch.int8, device=xq.device)
                 acc = torch._int_mm(torch.cat([xq, pad]), self.weight_t)[: xq.shape[0]]
             else:
                 acc = torch._int_mm(xq, self.weight_t)
-            y = acc.float().mul_(self.weight_scale)
-        y = y.mul_(xs.float())
+            y = acc.float()
+        else:
+            y = self.cpu.sums(xi.float())
+        y = y.mul_(self.weight_scale).mul_(xs.float())
         return y if self.bias is None else y.add_(self.bias)
 
 
