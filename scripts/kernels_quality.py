@@ -22,7 +22,10 @@ def main() -> None:
     ap.add_argument("--kernels", default="stock,onednn,int8")
     ap.add_argument("--limit", type=int, default=40, help="first N HumanEval programs")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     target = load_model(args.model)
     texts = heldback_code(args.limit)
@@ -37,7 +40,12 @@ def main() -> None:
               f"{res.top1_agree if res.top1_agree is not None else '-'}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"model": args.model, "texts": len(texts), "backends": results}, f, indent=1)
+            from selfspec.core.cost import cpu_flags
+            from selfspec.kernels.int8 import activation_bits, cpu_int8_path
+
+            json.dump({"model": args.model, "texts": len(texts), "backends": results, "cpu_flags": cpu_flags(),
+                       "int8_kernel": cpu_int8_path()[0], "int8_activation_bits": activation_bits("cpu")}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,49 @@
-"""Regenerate the README "Results" section from `selfspec bench` output directories.
+"""Regenerate the README's results summary, the per-run tables and the summary plot from
+`selfspec bench` output directories.
 
-usage: python scripts/results_to_readme.py README.md BENCH_DIR [BENCH_DIR ...]
+usage: python scripts/results_to_readme.py [README.md] [BENCH_DIR ...]
+
+- README.md, between the results markers: one row per method at its best measured greedy
+  configuration (highest speedup over `ar` in any run), with tau, speedup vs `ar` and vs
+  `transformers` `generate` (where that run measured it), identical k/n, model, data and machine.
+- docs/results/README.md: every run's full table (what the README used to hold).
+- docs/results/summary.png: the summary as a bar chart.
+
+Without BENCH_DIRs every directory under docs/results with a report.json is used.
 """
+
+from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+RESULTS = Path("docs/results")
+NOTE = ("one process per model, every method and peer on the same prompts in the same run after warm-up; "
+        "speedup = ratio of tokens/s to `ar` on the same kernels, `vs hf` = ratio to `transformers` `generate` "
+        "(fp32, stock kernels) in that run; `int8` is a quantised model, lossless with respect to itself, quality "
+        "cost in `docs/performance.md`; runs were made on different days of a shared VM whose speed varies by up "
+        "to 4x, so compare ratios within a run, not tok/s across runs")
 
 
-def section(bench_dir: Path) -> str:
+def load(bench_dir: Path) -> dict:
     rep = json.loads((bench_dir / "report.json").read_text())
+    rep["dir"] = bench_dir
+    return rep
+
+
+def kernels_of(s: dict) -> str:
+    k = s.get("backend", "stock")
+    return "int8 (quantised)" if k == "int8" else k
+
+
+def section(rep: dict) -> str:
     meta, summ = rep["meta"], rep["summary"]
     env, g = meta["environment"], meta["generation"]
     draft = f", draft `{meta['draft_model']}`" if meta.get("draft_model") else ""
     lines = [
-        f"**{meta['model']}**{draft}: dataset `{meta['dataset']}` ({meta['prompts']} prompts), "
+        f"**{meta['model']}**{draft} (`{rep['dir'].name}`): dataset `{meta['dataset']}` ({meta['prompts']} prompts), "
         f"{'greedy' if not g.get('temperature') else 'temperature ' + str(g['temperature'])}, "
         f"max_new_tokens {g['max_new_tokens']}; machine `{env['machine']}`, torch {env['torch']}, "
         f"transformers {env['transformers']}, git {env['git']}.",
@@ -28,28 +55,105 @@ def section(bench_dir: Path) -> str:
         tau = f"{s['tau']:.2f}" if s.get("tau") else "-"
         p1 = f"{s['pass@1']:.2f}" if "pass@1" in s else "-"
         hf = f"{s['speedup_vs_hf']:.2f}x" if s.get("speedup_vs_hf") else "-"
-        kernels = s.get("backend", "stock")
-        kernels = "int8 (quantised)" if kernels == "int8" else kernels
         label = name if s.get("lossless", True) else f"{name} (**NOT lossless**)"
-        lines.append(f"| {label} | {kernels} | {s['kind']} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x | {hf} "
-                     f"| {tau} | {s.get('identical', '-')} | {p1} |")
+        lines.append(f"| {label} | {kernels_of(s)} | {s['kind']} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x "
+                     f"| {hf} | {tau} | {s.get('identical', '-')} | {p1} |")
     return "\n".join(lines)
 
 
+def base_method(name: str) -> str:
+    """``pld:k=4@onednn`` -> ``pld``; ``auto→msn@onednn`` -> ``auto``."""
+    return name.split("@")[0].split(":")[0].split("→")[0]
+
+
+def best_rows(reports: list[dict]) -> list[dict]:
+    """Per method, the greedy entry with the highest speedup over ar in any run (ar: the run
+    whose ar is fastest against transformers generate)."""
+    best: dict[str, dict] = {}
+    for rep in reports:
+        meta = rep["meta"]
+        if meta["generation"].get("temperature"):
+            continue
+        for name, s in rep["summary"].items():
+            if s.get("kind") != "method" and name not in ("hf-pld", "hf-assisted"):
+                continue
+            m = base_method(name) + (" (int8 model)" if s.get("backend") == "int8" else "")
+            key = s.get("speedup_vs_hf") or 0.0 if m == "ar" else s.get("speedup") or 0.0
+            row = {"method": m, "entry": name, "s": s, "meta": meta, "key": key, "dir": rep["dir"].name}
+            if m not in best or key > best[m]["key"]:
+                best[m] = row
+    order = ["auto", "ar", "pld", "draft-model", "self-spec", "eagle2", "hass", "sdsat", "space", "jacobi", "msn",
+             "hf-pld", "hf-assisted"]
+
+    def rank(r: dict) -> tuple:
+        m = r["method"].split(" ")[0]
+        return ("int8" in r["method"], order.index(m) if m in order else len(order))
+
+    return sorted(best.values(), key=rank)
+
+
+def summary_table(rows: list[dict]) -> str:
+    lines = ["| method | best measured configuration | kernels | model, data | tau | speedup vs ar | vs transformers "
+             "| identical to ar | hardware |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s, meta = r["s"], r["meta"]
+        tau = f"{s['tau']:.2f}" if s.get("tau") else "-"
+        hf = f"{s['speedup_vs_hf']:.2f}x" if s.get("speedup_vs_hf") else "-"
+        spd = f"{s['speedup']:.2f}x" if s.get("speedup") else "-"
+        lossy = "" if s.get("lossless", True) else " (**NOT lossless**)"
+        env = meta["environment"]
+        cpu, threads = env["machine"].split("|")[:2]
+        flags = f" ({env['cpu_flags']})" if env.get("cpu_flags") else ""
+        lines.append(f"| {r['method']}{lossy} | `{r['entry']}` | {kernels_of(s)} | {meta['model']}, "
+                     f"{meta['dataset']} ({meta['prompts']}) × {meta['generation']['max_new_tokens']} tok | {tau} | "
+                     f"{spd} | {hf} | {s.get('identical', '-')} | {cpu}{flags}, {threads} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["s"].get("speedup")]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    names = [f"{r['method']}  ({kernels_of(r['s'])})" for r in rows]
+    vals = [r["s"]["speedup"] for r in rows]
+    hfs = [r["s"].get("speedup_vs_hf") or 0 for r in rows]
+    y = range(len(rows))
+    ax.barh([i + 0.2 for i in y], vals, height=0.4, label="vs ar (same kernels)", color="#3b75af")
+    ax.barh([i - 0.2 for i in y], hfs, height=0.4, label="vs transformers generate (where measured)",
+            color="#ef8636")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(list(y), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup (best measured greedy configuration, lossless unless marked)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
-    readme = Path(sys.argv[1])
-    body = "\n\n".join(section(Path(d)) for d in sys.argv[2:])
+    args = sys.argv[1:]
+    readme = Path(args[0]) if args else Path("README.md")
+    dirs = [Path(d) for d in args[1:]] or sorted(p.parent for p in RESULTS.glob("*/report.json"))
+    reports = [load(d) for d in dirs]
+    rows = best_rows(reports)
+    plot(rows, RESULTS / "summary.png")
+    per_run = "\n\n".join(section(r) for r in reports)
+    (RESULTS / "README.md").write_text(
+        "# Benchmark runs\n\nEvery `selfspec bench` run behind the README's summary, generated by "
+        f"`scripts/results_to_readme.py` ({NOTE}). Each directory holds the run's records, report and plots.\n\n"
+        f"{per_run}\n")
     text = readme.read_text()
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
-    note = ("Generated from `selfspec bench` reports by `scripts/results_to_readme.py` (runs: "
-            "`scripts/bench_baselines.sh`, `scripts/bench_datasets.sh`, `scripts/bench_kernels.sh`, "
-            "`scripts/bench_self_spec.sh`; one process per model, every method and peer on the same prompts in "
-            "the same run after warm-up; speedup = ratio of tokens/s to `ar` on the same kernels, `vs hf` = ratio "
-            "to `transformers` `generate` in fp32 in that run; `int8` is a quantised model, lossless with respect "
-            "to itself, quality cost in `docs/performance.md`; runs were made on different days of a shared VM "
-            "whose speed varies by up to 4x, so compare ratios within a run, not tok/s across runs).")
-    readme.write_text(f"{head}{START}\n{note}\n\n{body}\n{END}{tail}")
+    body = (f"One row per method at its best measured greedy configuration over all runs in `docs/results/` "
+            f"({NOTE}). Every run, in full: [docs/results/README.md](docs/results/README.md).\n\n"
+            f"{summary_table(rows)}\n\n![speedups](docs/results/summary.png)")
+    readme.write_text(f"{head}{START}\n{body}\n{END}{tail}")
 
 
 if __name__ == "__main__":

@@ -88,3 +88,20 @@ def test_cli_export_and_missing_head_errors(tiny_dir, tmp_path, capsys):
     assert "no trained hass head" in err and "train_hass.sh" in err and err.count("\n") == 1
     assert main(["generate", "--model", str(tiny_dir), "--method", "pld", "--head", "x", "w1"]) == 2
     assert "only used by eagle2 and hass" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["eagle2", "hass"])
+def test_shipped_smollm2_heads(method):
+    """`--method eagle2|hass` work out of the box on the default model: the package ships fp16 heads."""
+    from safetensors import safe_open
+
+    from selfspec.heads import find_head_dir, shipped_head_dir
+    from selfspec.heads.eagle import read_meta
+
+    d = shipped_head_dir("smollm2-135m-instruct", method)
+    assert d is not None and find_head_dir("smollm2-135m-instruct", method) == d  # no user head in tests
+    assert read_meta(d)["target"] == "smollm2-135m-instruct"
+    weights = d / "model.safetensors"
+    assert weights.stat().st_size <= 10 * 2**20
+    with safe_open(str(weights), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}

@@ -47,7 +47,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 def environment() -> dict:
     import transformers
 
-    from ..core.cost import machine_id
+    from ..core.cost import cpu_flags, machine_id
 
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -55,7 +55,8 @@ def environment() -> dict:
     except OSError:
         sha = ""
     return {"machine": machine_id(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": sha}
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": sha,
+            "cpu_flags": cpu_flags()}
 
 
 def _option_value(text: str) -> object:

@@ -75,6 +75,20 @@ def machine_id() -> str:
     return f"{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
+def cpu_flags() -> str:
+    """The SIMD features that decide which kernels are fast and exact here (e.g. ``avx2``,
+    ``avx512f+avx512_vnni``), from ``/proc/cpuinfo``; empty where it cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+                return "+".join(f for f in wanted if f in have)
+    except OSError:
+        pass
+    return ""
+
+
 def profile_key(model: torch.nn.Module, model_name: str, backend: str = "stock") -> str:
     p = next(model.parameters())
     dev = str(p.device)
