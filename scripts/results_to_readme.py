@@ -56,7 +56,8 @@ def section(rep: dict) -> str:
         p1 = f"{s['pass@1']:.2f}" if "pass@1" in s else "-"
         hf = f"{s['speedup_vs_hf']:.2f}x" if s.get("speedup_vs_hf") else "-"
         label = name if s.get("lossless", True) else f"{name} (**NOT lossless**)"
-        lines.append(f"| {label} | {kernels_of(s)} | {s['kind']} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x "
+        spd = f"{s['speedup']:.2f}x" if s.get("speedup") else "-"
+        lines.append(f"| {label} | {kernels_of(s)} | {s['kind']} | {s['tokens_per_s']:.2f} | {spd} "
                      f"| {hf} | {tau} | {s.get('identical', '-')} | {p1} |")
     return "\n".join(lines)
 
@@ -78,7 +79,7 @@ def best_rows(reports: list[dict]) -> list[dict]:
             if s.get("kind") != "method" and name not in ("hf-pld", "hf-assisted"):
                 continue
             m = base_method(name) + (" (int8 model)" if s.get("backend") == "int8" else "")
-            key = s.get("speedup_vs_hf") or 0.0 if m == "ar" else s.get("speedup") or 0.0
+            key = (s.get("speedup_vs_hf") or 0.0) if base_method(name) == "ar" else (s.get("speedup") or 0.0)
             row = {"method": m, "entry": name, "s": s, "meta": meta, "key": key, "dir": rep["dir"].name}
             if m not in best or key > best[m]["key"]:
                 best[m] = row
@@ -103,11 +104,41 @@ def summary_table(rows: list[dict]) -> str:
         lossy = "" if s.get("lossless", True) else " (**NOT lossless**)"
         env = meta["environment"]
         cpu, threads = env["machine"].split("|")[:2]
-        flags = f" ({env['cpu_flags']})" if env.get("cpu_flags") else ""
+        flags = f" ({env['cpu_flags']})" if env.get("cpu_flags") else " (flags not recorded)"
         lines.append(f"| {r['method']}{lossy} | `{r['entry']}` | {kernels_of(s)} | {meta['model']}, "
                      f"{meta['dataset']} ({meta['prompts']}) × {meta['generation']['max_new_tokens']} tok | {tau} | "
                      f"{spd} | {hf} | {s.get('identical', '-')} | {cpu}{flags}, {threads} |")
     return "\n".join(lines)
+
+
+def defaults_line(reports: list[dict]) -> str:
+    """What a user gets with no flags, from the `scripts/bench_defaults.sh` runs (if present)."""
+    out = []
+    for rep in reports:
+        if not rep["dir"].name.startswith("defaults-"):
+            continue
+        meta, summ = rep["meta"], rep["summary"]
+        env = meta["environment"]
+        flags = f", {env['cpu_flags']}" if env.get("cpu_flags") else ""
+        parts = []
+        for name, s in summ.items():
+            if s.get("kind") != "method" or not s.get("speedup_vs_hf"):
+                continue
+            if base_method(name) in ("auto", "ar") or (s.get("backend") == "int8" and base_method(name) == "ar"):
+                q = " (**quantised model**)" if s.get("backend") == "int8" else ""
+                parts.append(f"`{name}`{q} {s['speedup_vs_hf']:.2f}x `generate` ({s['speedup']:.2f}x `ar`, tau "
+                             f"{s['tau']:.2f}, identical to ar {s.get('identical', '-')}, to `generate` "
+                             f"{s.get('identical_to_hf', '-')})")
+        if parts:
+            out.append(f"- **{meta['model']}**, {meta['prompts']} built-in chat prompts × "
+                       f"{meta['generation']['max_new_tokens']} tokens, greedy, one process "
+                       f"({env['machine'].split('|')[0]}{flags}, {env['machine'].split('|')[1]}; "
+                       f"`{rep['dir'].name}`): " + "; ".join(parts) + ".")
+    if not out:
+        return ""
+    return ("With no flags (`scripts/bench_defaults.sh`: default kernels `auto`, default method `auto`, "
+            "against `transformers` `generate` in fp32 on stock kernels, in the same run):\n\n" + "\n".join(out)
+            + "\n\n")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -150,7 +181,8 @@ def main() -> None:
     text = readme.read_text()
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
-    body = (f"One row per method at its best measured greedy configuration over all runs in `docs/results/` "
+    body = (f"{defaults_line(reports)}One row per method at its best measured greedy configuration over all runs "
+            f"in `docs/results/` "
             f"({NOTE}). Every run, in full: [docs/results/README.md](docs/results/README.md).\n\n"
             f"{summary_table(rows)}\n\n![speedups](docs/results/summary.png)")
     readme.write_text(f"{head}{START}\n{body}\n{END}{tail}")
