@@ -7,8 +7,9 @@ shipped, and ``draft-model`` where the user names a draft.
 
 They are measured greedily on the shipped calibration prompts, in the process that will decode
 (same model, kernels and threads), by successive halving: every candidate decodes the first
-half of the prompts, the best few (and ``ar``) also the second half, and the fastest over all
-prompts wins (:func:`select`). A candidate whose token ids differ from ``ar``'s is disqualified.
+half of the prompts (a pruning round, which also warms the process up), then ``ar`` and the
+best two decode the second half, interleaved prompt by prompt, and the fastest there wins
+(:func:`select`). A candidate whose token ids differ from ``ar``'s is disqualified.
 The choice is cached per model, backend and machine under ``$SELFSPEC_HOME/profiles``, keyed by
 the candidate list too (a new head or skip config means a new measurement); ``remeasure``
 redoes it, and a corrupt cache is measured again, never trusted.
@@ -29,8 +30,8 @@ from .core.cost import profile_key, profile_path
 from .models.loading import LoadedModel
 
 CALIBRATION_PROMPTS = 4  # 2 code + 2 chat from the shipped calibration set
-CALIBRATION_TOKENS = 40
-FINALISTS = 3  # candidates (besides ar) that also decode the second half of the prompts
+CALIBRATION_TOKENS = 32
+FINALISTS = 2  # candidates (besides ar) that also decode the second half of the prompts
 NAME = "auto"
 
 
@@ -170,38 +171,38 @@ def measure(make: Callable[[Candidate], object], cands: Sequence[Candidate], pro
     half = max(1, len(prompts) // 2)
     gens: dict[str, object] = {}
     results: dict[str, Measurement] = {}
-    ref: list[list[int]] = []
+    ref: dict[int, list[int]] = {}
 
-    def run(c: Candidate, part: Sequence[str], offset: int) -> None:
-        m = results[c.label]
-        g = gens[c.label]
-        for i, prompt in enumerate(part):
-            t0 = time.perf_counter()
-            r = g.generate(prompt, max_new_tokens=max_new_tokens)
-            m.seconds.append(time.perf_counter() - t0)
-            m.tokens.append(r.new_tokens)
-            if c.method == "ar":
-                ref.append(list(r.token_ids))
-            elif list(r.token_ids) != ref[offset + i]:
-                m.identical = False
+    def run(c: Candidate, i: int, m: Measurement) -> None:
+        t0 = time.perf_counter()
+        r = gens[c.label].generate(prompts[i], max_new_tokens=max_new_tokens)
+        m.seconds.append(time.perf_counter() - t0)
+        m.tokens.append(r.new_tokens)
+        if c.method == "ar":
+            ref[i] = list(r.token_ids)
+        elif i in ref and list(r.token_ids) != ref[i]:
+            results[c.label].identical = False
 
     for c in cands:
+        results[c.label] = Measurement()
         try:
             gens[c.label] = make(c)
             gens[c.label].generate(prompts[0], max_new_tokens=4)  # warm-up: one-off costs are not speed
+            for i in range(half):
+                run(c, i, results[c.label])
         except SelfspecError as e:
             results[c.label] = Measurement(error=str(e))
             continue
-        results[c.label] = Measurement()
-        run(c, prompts[:half], 0)
         if log:
             log(f"{c.label} {results[c.label].tokens_per_s:.1f} tok/s")
     ok = [c for c in cands if not results[c.label].error and results[c.label].identical]
     ranked = sorted((c for c in ok if c.method != "ar"), key=lambda c: -results[c.label].tokens_per_s)
     final = [c for c in ok if c.method == "ar"] + ranked[:finalists]
-    for c in final:
-        run(c, prompts[half:], half)
-    table = {c.label: results[c.label].tokens_per_s for c in final}
+    second = {c.label: Measurement() for c in final}
+    for i in range(half, len(prompts)):  # finalists interleaved, so machine load hits all alike
+        for c in final:
+            run(c, i, second[c.label])
+    table = {c.label: second[c.label].tokens_per_s for c in final}
     identical = {label: m.identical for label, m in results.items() if not m.error}
     for c in cands:
         m = results[c.label]
