@@ -66,6 +66,8 @@ def main(out: Path) -> None:
               "second of its pair when they flip).", "",
               "| dataset | prompt | position | top-2 gap (stock) | top-2 gap (onednn) | top ids stock / onednn |",
               "|---|---|---|---|---|---|"]
+    if not rows:
+        lines.append("| (none: every prompt's ids are identical) | | | | | |")
     for r in rows:
         lines.append(f"| {r['dataset']} | {r['prompt_id']} | {r['position']} | {r['stock_top2_gap']:.2e} | "
                      f"{r['onednn_top2_gap']:.2e} | {r['stock_top']} / {r['onednn_top']} |")

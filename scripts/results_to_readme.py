@@ -148,8 +148,9 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if r["s"].get("speedup")]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-    names = [f"{r['method']}  ({kernels_of(r['s'])})" for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.4))
+    names = [f"{r['method'].replace(' (int8 model)', '')} · {kernels_of(r['s'])} · "
+             f"{r['meta']['model'].replace('-instruct', '')}" for r in rows]
     vals = [r["s"]["speedup"] for r in rows]
     hfs = [r["s"].get("speedup_vs_hf") or 0 for r in rows]
     y = range(len(rows))
@@ -159,7 +160,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.axvline(1.0, color="k", lw=0.8)
     ax.set_yticks(list(y), names)
     ax.invert_yaxis()
-    ax.set_xlabel("speedup (best measured greedy configuration, lossless unless marked)")
+    ax.set_xlabel("speedup, best measured greedy configuration (int8: a quantised model)")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
