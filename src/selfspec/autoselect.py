@@ -32,7 +32,6 @@ from .models.loading import LoadedModel
 CALIBRATION_PROMPTS = 4  # 2 code + 2 chat from the shipped calibration set
 CALIBRATION_TOKENS = 32
 FINALISTS = 2  # candidates (besides ar) that also decode the second half of the prompts
-NAME = "auto"
 
 
 @dataclass(frozen=True)
@@ -41,10 +40,6 @@ class Candidate:
 
     method: str
     options: dict = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return self.method
 
 
 @dataclass
@@ -175,41 +170,41 @@ def measure(make: Callable[[Candidate], object], cands: Sequence[Candidate], pro
 
     def run(c: Candidate, i: int, m: Measurement) -> None:
         t0 = time.perf_counter()
-        r = gens[c.label].generate(prompts[i], max_new_tokens=max_new_tokens)
+        r = gens[c.method].generate(prompts[i], max_new_tokens=max_new_tokens)
         m.seconds.append(time.perf_counter() - t0)
         m.tokens.append(r.new_tokens)
         if c.method == "ar":
             ref[i] = list(r.token_ids)
         elif i in ref and list(r.token_ids) != ref[i]:
-            results[c.label].identical = False
+            results[c.method].identical = False
 
     for c in cands:
-        results[c.label] = Measurement()
+        results[c.method] = Measurement()
         try:
-            gens[c.label] = make(c)
-            gens[c.label].generate(prompts[0], max_new_tokens=4)  # warm-up: one-off costs are not speed
+            gens[c.method] = make(c)
+            gens[c.method].generate(prompts[0], max_new_tokens=4)  # warm-up: one-off costs are not speed
             for i in range(half):
-                run(c, i, results[c.label])
+                run(c, i, results[c.method])
         except SelfspecError as e:
-            results[c.label] = Measurement(error=str(e))
+            results[c.method] = Measurement(error=str(e))
             continue
         if log:
-            log(f"{c.label} {results[c.label].tokens_per_s:.1f} tok/s")
-    ok = [c for c in cands if not results[c.label].error and results[c.label].identical]
-    ranked = sorted((c for c in ok if c.method != "ar"), key=lambda c: -results[c.label].tokens_per_s)
+            log(f"{c.method} {results[c.method].tokens_per_s:.1f} tok/s")
+    ok = [c for c in cands if not results[c.method].error and results[c.method].identical]
+    ranked = sorted((c for c in ok if c.method != "ar"), key=lambda c: -results[c.method].tokens_per_s)
     final = [c for c in ok if c.method == "ar"] + ranked[:finalists]
-    second = {c.label: Measurement() for c in final}
+    second = {c.method: Measurement() for c in final}
     for i in range(half, len(prompts)):  # finalists interleaved, so machine load hits all alike
         for c in final:
-            run(c, i, second[c.label])
-    table = {c.label: second[c.label].tokens_per_s for c in final}
+            run(c, i, second[c.method])
+    table = {c.method: second[c.method].tokens_per_s for c in final}
     identical = {label: m.identical for label, m in results.items() if not m.error}
     for c in cands:
-        m = results[c.label]
+        m = results[c.method]
         if m.error:
-            print(f"selfspec: auto: {c.label} left out ({m.error})", file=sys.stderr)
+            print(f"selfspec: auto: {c.method} left out ({m.error})", file=sys.stderr)
         elif not m.identical:
-            print(f"selfspec: auto: {c.label} left out: its greedy ids differ from ar's; please report this",
+            print(f"selfspec: auto: {c.method} left out: its greedy ids differ from ar's; please report this",
                   file=sys.stderr)
     return table, identical
 
@@ -224,7 +219,7 @@ def choose(target: LoadedModel, make: Callable[[Candidate], object], draft_model
         if cached is not None:
             return cached
     prompts = calibration_prompts()
-    names = ", ".join(c.label for c in cands)
+    names = ", ".join(c.method for c in cands)
     log = (lambda s: print(f"selfspec: auto: {s}", file=sys.stderr)) if progress else None
     if progress:
         print(f"selfspec: auto: measuring {names} on {len(prompts)} calibration prompts for {target.name} on "
@@ -232,7 +227,7 @@ def choose(target: LoadedModel, make: Callable[[Candidate], object], draft_model
     t0 = time.perf_counter()
     table, identical = measure(make, cands, prompts, log=log)
     method = select(table, identical)
-    options = next(c.options for c in cands if c.label == method)
+    options = next(c.options for c in cands if c.method == method)
     if progress:
         ranked = sorted(table.items(), key=lambda kv: -kv[1])
         print(f"selfspec: auto: chose {method} (" + ", ".join(f"{k} {v:.1f}" for k, v in ranked)
@@ -240,7 +235,7 @@ def choose(target: LoadedModel, make: Callable[[Candidate], object], draft_model
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"method": method, "options": options, "table": table,
-                                    "candidates": [c.label for c in cands], "prompts": len(prompts),
+                                    "candidates": [c.method for c in cands], "prompts": len(prompts),
                                     "max_new_tokens": CALIBRATION_TOKENS}, indent=1))
     except OSError as e:
         print(f"selfspec: could not cache the auto choice in {path.parent} ({e.strerror}); set SELFSPEC_HOME to a "

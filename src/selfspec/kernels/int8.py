@@ -1,7 +1,7 @@
 """``int8`` backend: int8 weights (one scale per output channel) times int8 activations (one
 scale per row, i.e. per token), accumulated exactly in integers. Activations are 8 bits wide,
 or 7 bits on x86 CPUs without VNNI, where that keeps oneDNN's fast product exact
-(:func:`onednn_activation_bits`).
+(:func:`cpu_int8_path`).
 
 This changes the model (weights and activations are rounded to 8 bits), so it is opt-in. It
 keeps speculative decoding exact *with respect to the quantised model*: integer accumulation is
