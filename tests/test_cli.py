@@ -37,6 +37,9 @@ def run(capsys, *argv):
     ["--method", "auto", "--head", "somewhere"],
     ["--method", "pld", "--remeasure"],
     ["--method", "hass", "--head", "/no/such/head/dir"],
+    ["--seed", "-1"],
+    ["--seed", "1.5"],
+    ["--seed", str(2**63)],
 ])
 def test_bad_input_is_one_line_exit_2(capsys, tiny_dir, args):
     try:
@@ -67,7 +70,7 @@ def test_json_output(capsys, tiny_dir):
     assert code == 0
     obj = json.loads(out)
     assert set(obj) == {"text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth",
-                        "wall_s", "tokens_per_s", "method", "model", "lossless"}
+                        "wall_s", "tokens_per_s", "method", "model", "lossless", "seed", "sampling"}
     assert obj["new_tokens"] == len(obj["token_ids"]) and all(0 <= t < VOCAB for t in obj["token_ids"])
     assert obj["method"] == "pld" and obj["lossless"] is True
 
@@ -151,3 +154,144 @@ def test_bad_kernels_environment_is_one_line(capsys, tiny_dir, monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--model", str(tiny_dir), "--no-chat", "w1"])
     assert e.value.code == 2 and "warp" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out == f"selfspec {metadata.version('selfspec')}\n"
+
+
+def test_version_without_distribution_metadata(capsys, monkeypatch):
+    from importlib import metadata
+
+    import selfspec
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out == f"selfspec {selfspec.__version__}\n"
+
+
+@pytest.mark.parametrize("where", ["command", "start-up"])
+def test_ctrl_c_is_one_line_exit_130(capsys, monkeypatch, where):
+    """Ctrl-C while a command runs, or while the parser is built (the imports of start-up):
+    exit 130, one line, no traceback."""
+    import selfspec.cli as cli
+
+    def interrupt(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_models" if where == "command" else "_method_names", interrupt)
+    code, out, err = run(capsys, "models", "list")
+    assert code == 130 and err == "selfspec: interrupted\n" and out == ""
+
+
+@pytest.mark.parametrize("argv", [["bench", "--seed", "-2"], ["tune", "m", "--seed", "-1"],
+                                  ["train", "hass", "--model", "m", "--out", "o", "--data-seed", "-5"],
+                                  ["demo", "--seed", "-1"]])
+def test_negative_seeds_are_refused_everywhere(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("selfspec: error: argument --")
+    assert "seed" in err
+
+
+def test_seed_defaults_to_a_fresh_one_reported_in_json_and_stats(capsys, tiny_dir):
+    from selfspec.cli import build_parser
+
+    assert build_parser().parse_args(["generate", "x"]).seed is None
+    common = ["generate", "--model", str(tiny_dir), "--no-chat", "--method", "ar", "--temperature", "0.8",
+              "--max-new-tokens", "6", "w1 w2 w3"]
+    code, out, err = run(capsys, *common, "--json")
+    assert code == 0
+    obj = json.loads(out)
+    assert isinstance(obj["seed"], int) and obj["seed"] >= 0
+    code, out2, err = run(capsys, *common, "--json", "--seed", str(obj["seed"]))
+    assert json.loads(out2)["token_ids"] == obj["token_ids"]  # the reported seed reproduces the text
+    code, out, err = run(capsys, *common, "--seed", "7")
+    assert code == 0 and "seed 7" in err.splitlines()[-1]
+
+
+def test_missing_head_directory_is_named(capsys, tiny_dir, tmp_path):
+    missing = tmp_path / "no-head"
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--method", "hass", "--head",
+                         str(missing), "w1")
+    assert code == 2 and f"head directory {missing} does not exist" in err and "selfspec_head.json" not in err
+    code, out, err = run(capsys, "export", str(missing), "--model", str(tiny_dir), "--out", str(tmp_path / "o"))
+    assert code == 2 and f"head directory {missing} does not exist" in err
+    (tmp_path / "a-file").write_text("")
+    code, out, err = run(capsys, "export", str(tmp_path / "a-file"), "--model", str(tiny_dir), "--out",
+                         str(tmp_path / "o"))
+    assert code == 2 and "is a file, not a directory" in err
+
+
+def test_models_list_marks_the_default_once(capsys):
+    code, out, err = run(capsys, "models", "list")
+    assert code == 0 and out.count("(default)") == 1 and out.lower().count("default") == 1
+    default_line = next(line for line in out.splitlines() if "(default)" in line)
+    assert default_line.startswith("smollm2-135m-instruct ")
+
+
+def test_models_list_names_the_user_cache_of_a_read_only_home(capsys, monkeypatch, tmp_path):
+    from selfspec.models import bundled
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(bundled, "_can_write", lambda d: not str(d).startswith(bundled.selfspec_home().as_posix()))
+    code, out, err = run(capsys, "models", "list")
+    assert code == 0 and f"go to {tmp_path / 'xdg' / 'selfspec-user'}" in out
+
+
+@pytest.mark.parametrize("sampling", ["coupled", "rejection"])
+def test_sampling_flag(capsys, tiny_dir, sampling):
+    common = ["generate", "--model", str(tiny_dir), "--no-chat", "--json", "--temperature", "0.8", "--seed", "5",
+              "--max-new-tokens", "10", "--sampling", sampling, "w1 w2 w3 w1 w2"]
+    code, out, err = run(capsys, *common, "--method", "ar")
+    ar = json.loads(out)
+    assert code == 0 and ar["sampling"] == sampling and ar["seed"] == 5
+    code, out, err = run(capsys, *common, "--method", "pld")
+    pld = json.loads(out)
+    assert code == 0 and pld["sampling"] == sampling
+    if sampling == "coupled":  # the same seed gives the same text for every method
+        assert pld["token_ids"] == ar["token_ids"]
+
+
+def test_sampling_flag_refuses_other_values(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--sampling", "typical", "x"])
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_stop_string_is_excluded_unless_include_stop(capsys, tiny_dir):
+    common = ["generate", "--model", str(tiny_dir), "--no-chat", "--json", "--method", "ar", "--max-new-tokens", "16",
+              "w5 w6 w7"]
+    full = json.loads(run(capsys, *common)[1])["text"]
+    words = full.split()
+    stop = next((w for w in words[2:-1] if sum(w in x for x in words) == 1), None)
+    if stop is None:
+        pytest.skip(f"no word of {full!r} occurs once")
+    at = full.index(stop)
+    code, out, err = run(capsys, *common, "--stop", stop)
+    assert code == 0 and json.loads(out)["text"].rstrip() == full[:at].rstrip()
+    code, out, err = run(capsys, *common, "--stop", stop, "--include-stop")
+    assert code == 0 and json.loads(out)["text"] == full[:at + len(stop)]
+    code, out, err = run(capsys, *[a for a in common if a != "--json"], "--stop", stop)  # streamed: the same
+    assert out.rstrip("\n").rstrip() == full[:at].rstrip()
+
+
+@pytest.mark.parametrize("method", ["ar", "pld"])
+def test_bfloat16_generates_with_default_kernels(capsys, tiny_dir, method, monkeypatch):
+    """bf16 passes the (dtype-aware) load-time self-test and runs on the default kernels."""
+    monkeypatch.delenv("SELFSPEC_KERNELS", raising=False)
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--dtype", "bfloat16", "--method", method,
+                         "--no-chat", "--max-new-tokens", "8", "--json", "w1 w2 w3")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["new_tokens"] == 8 and r["method"] == method

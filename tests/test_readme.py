@@ -18,3 +18,27 @@ def test_two_setup_commands_and_ci_runs_the_test_one():
     assert "selfspec demo" in demo
     assert "pytest" in test
     assert test in (ROOT / ".ci" / "run").read_text()
+
+
+def _markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_markdown_links_stay_inside_the_repo():
+    """Users have the repository, nothing beside it: no `../shared/...` references, and every
+    relative link `](path)` of README.md and docs/**/*.md names a file or folder in the repo."""
+    import re
+
+    bad = []
+    for md in _markdown_files():
+        text = md.read_text()
+        rel = md.relative_to(ROOT)
+        if "../shared" in text:
+            bad.append(f"{rel}: mentions ../shared")
+        for target in re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
+                continue  # http(s), mailto, ... and anchors in the same file
+            path = (md.parent / target.split("#", 1)[0]).resolve()
+            if not path.is_relative_to(ROOT) or not path.exists():
+                bad.append(f"{rel}: link to {target} (no such file in the repo)")
+    assert not bad, "\n".join(bad)

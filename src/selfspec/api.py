@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -10,10 +12,11 @@ import torch
 
 from .config import GenerationConfig
 from .core.kv_cache import new_cache
-from .core.sampling import Warper
+from .core.sampling import GumbelNoise, Warper
 from .decoding.loop import run
 from .decoding.state import DecodeState
-from .decoding.text import IncrementalDetokenizer, encode_prompt, make_stop_check
+from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
+from .drafters.base import restore_request_state, snapshot_request_state
 from .errors import SelfspecError
 from .models.bundled import DEFAULT_MODEL
 from .models.loading import LoadedModel, load_model
@@ -50,9 +53,11 @@ class GenerationResult:
     committed_per_step: list[int] = field(default_factory=list)
     drafted_per_step: list[int] = field(default_factory=list)
     kernels: str = "stock"
+    seed: int | None = None
+    sampling: str = "greedy"
 
     JSON_KEYS = ("text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth", "wall_s",
-                 "tokens_per_s", "method", "model", "lossless")
+                 "tokens_per_s", "method", "model", "lossless", "seed", "sampling")
 
     def to_dict(self, full: bool = False) -> dict:
         d = asdict(self)
@@ -71,6 +76,7 @@ class SpeculativeGenerator:
         self.kernels = target.backend
         self.method = method
         self.drafter = drafter
+        self._fresh_drafter = snapshot_request_state(drafter)  # restored before each rejection-sampled request
         self.lossless = lossless
         self.last_result: GenerationResult | None = None
         self.auto_table: dict[str, float] | None = None  # method="auto": calibration tokens/s by method
@@ -96,18 +102,24 @@ class SpeculativeGenerator:
                 f"the model's context is {ctx}; use --max-new-tokens {ctx - len(ids)} or less"
             )
         device = self.target.device
+        if cfg.seed is None:  # a fresh seed, reported in the result so the run can be reproduced
+            cfg = dataclasses.replace(cfg, seed=secrets.randbits(31))
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
+        warper = Warper(float(cfg.temperature), cfg.top_k, float(cfg.top_p))
+        coupled = not warper.greedy and cfg.sampling == "coupled"
         return DecodeState(
-            ids=list(ids), prompt_len=len(ids), cfg=cfg,
-            warper=Warper(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), generator=gen,
+            ids=list(ids), prompt_len=len(ids), cfg=cfg, warper=warper, generator=gen,
             cache=new_cache(model.config), eos_ids=self.eos_ids,
             stop_check=make_stop_check(self.tokenizer, cfg.stop),
+            noise=GumbelNoise(cfg.seed) if coupled else None,
         )
 
     def _result(self, state: DecodeState, wall: float) -> GenerationResult:
         gen = state.generated
         st = state.stats
         text = self.tokenizer.decode(gen, skip_special_tokens=True) if self.tokenizer is not None else ""
+        if state.finish_reason == "stop" and not state.cfg.include_stop:
+            text = text_before_stop(text, state.cfg.stop)
         return GenerationResult(
             text=text, token_ids=list(gen), new_tokens=len(gen), steps=st.steps,
             mean_accepted=len(gen) / st.steps if st.steps else 0.0,
@@ -116,7 +128,8 @@ class SpeculativeGenerator:
             lossless=self.lossless, prompt_tokens=state.prompt_len, finish_reason=state.finish_reason or "",
             draft_s=st.draft_s, verify_s=st.verify_s, prefill_s=st.prefill_s,
             committed_per_step=list(st.committed_per_step), drafted_per_step=list(st.drafted_per_step),
-            kernels=self.kernels,
+            kernels=self.kernels, seed=None if state.warper.greedy else state.cfg.seed,
+            sampling="greedy" if state.warper.greedy else state.cfg.sampling,
         )
 
     def _steps(self, prompt, chat: bool, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:
@@ -124,43 +137,59 @@ class SpeculativeGenerator:
         if self.target.backend != self.kernels:
             self.target.use_kernels(self.kernels, keep=True)
         state = self._state(prompt, cfg, chat)
+        if state.rejection:  # the text depends on the drafts: nothing may carry over from earlier requests
+            restore_request_state(self.drafter, self._fresh_drafter)
         t0 = time.perf_counter()
         for new in run(state, self.target.model, self.drafter):
             yield state, new
         self.last_result = self._result(state, time.perf_counter() - t0)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
-                 stop: Sequence[str] = (), ignore_eos: bool = False) -> GenerationResult:
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
+                 stop: Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
+                 include_stop: bool = False) -> GenerationResult:
         """Generate from a text prompt (chat-templated unless ``chat=False``) or a list of token
-        ids (used as is). Greedy when ``temperature == 0``."""
+        ids (used as is). Greedy when ``temperature == 0``; otherwise ``sampling`` says how (see
+        :class:`~selfspec.config.GenerationConfig`): with the default ``coupled``, the same seed
+        gives the same text for every method. ``seed=None`` draws one (``result.seed``)."""
         for _ in self._steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                             top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos):
+                             top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos, sampling=sampling,
+                             include_stop=include_stop):
             pass
         return self.last_result
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
-               top_p: float = 1.0, top_k: int = 0, seed: int = 0, chat: bool = True,
-               stop: Sequence[str] = (), ignore_eos: bool = False) -> Iterator[str]:
-        """Yield text pieces as tokens are accepted; ``last_result`` holds the stats afterwards."""
+               top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
+               stop: Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
+               include_stop: bool = False) -> Iterator[str]:
+        """Yield text pieces as tokens are accepted; ``last_result`` holds the stats afterwards.
+        The pieces join to ``last_result.text`` (a stop string is held back, then dropped)."""
         for piece, _ in self.stream_steps(prompt, max_new_tokens, temperature, top_p, top_k, seed, chat, stop,
-                                          ignore_eos):
+                                          ignore_eos, sampling, include_stop):
             if piece:
                 yield piece
 
     def stream_steps(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                     top_k: int = 0, seed: int = 0, chat: bool = True, stop: Sequence[str] = (),
-                     ignore_eos: bool = False) -> Iterator[tuple[str, list[int]]]:
-        """Like :meth:`stream`, also yielding the ids committed at each step."""
+                     top_k: int = 0, seed: int | None = None, chat: bool = True, stop: Sequence[str] = (),
+                     ignore_eos: bool = False, sampling: str = "coupled",
+                     include_stop: bool = False) -> Iterator[tuple[str, list[int]]]:
+        """Like :meth:`stream`, also yielding the ids committed at each step (the last step may
+        yield an empty piece with the remaining text)."""
         if self.tokenizer is None:
             raise SelfspecError("streaming text needs a tokenizer; this model has none")
         detok = IncrementalDetokenizer(self.tokenizer)
-        for _, new in self._steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature,
-                                  top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos):
-            yield detok.push(new), new
+        stops = () if include_stop else tuple(stop)
+        text = StopTextFilter(stops)
+        for state, new in self._steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos,
+                                      sampling=sampling, include_stop=include_stop):
+            piece = text.push(detok.push(new))
+            if state.done:
+                piece += text.flush(stopped=state.finish_reason == "stop")
+            yield piece, new
 
 
-def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = "ar", device: str | None = "cpu",
+def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = AUTO, device: str | None = "cpu",
          dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
          kernels: str | None = None, remeasure: bool = False, **method_options) -> SpeculativeGenerator:
     """Load a model and a decoding method.
@@ -168,7 +197,8 @@ def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = "ar", device: s
     Args:
         model: bundled name, local HF directory, ``.gguf`` file, hub id, or an already loaded model.
         method: one of ``selfspec.METHODS`` (e.g. ``"ar"``, ``"pld"``, ``"draft-model"``), or
-            ``"auto"``: the fastest lossless method for this model here, by a short calibration
+            ``"auto"`` (the default, as in the CLI): the fastest lossless method for this model
+            here, by a short calibration
             cached per model, backend and machine (:mod:`selfspec.autoselect`); the generator's
             ``method`` then reads e.g. ``"auto→pld"``. ``auto`` takes only ``draft_model``.
         remeasure: with ``method="auto"``, calibrate again instead of using the cached choice.

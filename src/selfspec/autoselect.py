@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from .core.cost import profile_key, profile_path
+from .core.cost import profile_key, profile_path, save_cache
 from .models.loading import LoadedModel
 
 CALIBRATION_PROMPTS = 4  # 2 code + 2 chat from the shipped calibration set
@@ -134,9 +134,13 @@ def select(table: dict[str, float], identical: dict[str, bool] | None = None) ->
     return best or "ar"
 
 
-def _cache_path(target: LoadedModel, cands: Sequence[Candidate]) -> Path:
+def _cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
     sig = hashlib.sha256(json.dumps([[c.method, c.options] for c in cands], sort_keys=True).encode()).hexdigest()
-    return profile_path(profile_key(target.model, target.name, target.backend) + f"|method-auto|{sig[:12]}")
+    return profile_key(target.model, target.name, target.backend) + f"|method-auto|{sig[:12]}"
+
+
+def _cache_path(target: LoadedModel, cands: Sequence[Candidate]) -> Path:
+    return profile_path(_cache_key(target, cands))
 
 
 def read_cache(path: Path, cands: Sequence[Candidate]) -> Choice | None:
@@ -232,12 +236,7 @@ def choose(target: LoadedModel, make: Callable[[Candidate], object], draft_model
         ranked = sorted(table.items(), key=lambda kv: -kv[1])
         print(f"selfspec: auto: chose {method} (" + ", ".join(f"{k} {v:.1f}" for k, v in ranked)
               + f" tok/s; {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"method": method, "options": options, "table": table,
-                                    "candidates": [c.method for c in cands], "prompts": len(prompts),
-                                    "max_new_tokens": CALIBRATION_TOKENS}, indent=1))
-    except OSError as e:
-        print(f"selfspec: could not cache the auto choice in {path.parent} ({e.strerror}); set SELFSPEC_HOME to a "
-              "writable directory", file=sys.stderr)
+    save_cache(_cache_key(target, cands), {"method": method, "options": options, "table": table,
+                                           "candidates": [c.method for c in cands], "prompts": len(prompts),
+                                           "max_new_tokens": CALIBRATION_TOKENS}, "auto choice")
     return Choice(method, options, table)

@@ -1,6 +1,7 @@
 """``selfspec`` command line: generate | demo | bench | profile | models.
 
-Every user error prints one line ``selfspec: error: ...`` and exits with code 2.
+Every user error prints one line ``selfspec: error: ...`` and exits with code 2; Ctrl-C prints
+``selfspec: interrupted`` and exits with code 130.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .config import SAMPLING_MODES, seed_arg
 from .errors import SelfspecError
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;94m", "\x1b[48;5;22m", "\x1b[48;5;90m")
 RESET = "\x1b[0m"
 
@@ -22,6 +25,18 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
         print(f"selfspec: error: {message} (see selfspec {self.prog.split()[-1]} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def _version() -> str:
+    """The installed distribution's version, else the package's ``__version__``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("selfspec")
+    except metadata.PackageNotFoundError:
+        from . import __version__
+
+        return __version__
 
 
 def _method_names() -> str:
@@ -96,8 +111,17 @@ def _add_gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0 = off)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the request's RNG (default 0)")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--seed", type=seed_arg, default=None,
+                   help="seed of the sampler; default: a fresh random seed, reported in --json and the stats line")
+    p.add_argument("--stop", action="append", default=[],
+                   help="stop string (repeatable); generation ends at it, and the text ends before it unless "
+                        "--include-stop")
+    p.add_argument("--include-stop", action="store_true",
+                   help="keep the stop string at the end of the text (default: excluded, as in the OpenAI API)")
+    p.add_argument("--sampling", default="coupled", choices=SAMPLING_MODES,
+                   help="coupled: Gumbel-max sampling keyed by (seed, position): the same seed gives the same text "
+                        "for every method (default); rejection: speculative rejection sampling, lossless in "
+                        "distribution but the text depends on the draft")
     p.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
 
 
@@ -162,7 +186,8 @@ def method_options(args: argparse.Namespace, method: str, strict: bool = True) -
 
 def _gen_kwargs(args: argparse.Namespace) -> dict:
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), chat=not args.no_chat)
+                top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), chat=not args.no_chat,
+                sampling=args.sampling, include_stop=args.include_stop)
 
 
 def _setup(args: argparse.Namespace) -> None:
@@ -205,9 +230,11 @@ def kernels_label(kernels: str, device: str = "cpu") -> str:
 
 
 def _stats_line(r) -> str:
+    seed = getattr(r, "seed", None)  # sampled: the seed that reproduces the text (--seed N)
+    sampled = f"; seed {seed} ({getattr(r, 'sampling', 'coupled')} sampling)" if seed is not None else ""
     return (f"[{r.method}{'' if r.lossless else ' NOT LOSSLESS'}, {kernels_label(r.kernels)} kernels] "
             f"{r.new_tokens} tokens in {r.wall_s:.2f} s = "
-            f"{r.tokens_per_s:.1f} tok/s; {r.steps} target forwards, tau {r.mean_accepted:.2f}")
+            f"{r.tokens_per_s:.1f} tok/s; {r.steps} target forwards, tau {r.mean_accepted:.2f}{sampled}")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -253,6 +280,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _setup(args)
     prompt = args.prompt or DEMO_PROMPT
     kw = _gen_kwargs(args)
+    if kw["seed"] is None:  # one fresh seed for every contender (each would draw its own), shown in stats
+        import secrets
+
+        kw["seed"] = secrets.randbits(31)
     ar = _load(args, "ar")
     spec = _load(args, args.method, model=ar.target)
     target = ar.target
@@ -270,8 +301,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ar.generate(prompt, **warm)
     spec.generate(prompt, **warm)
     hf_generate(8)
-    runs: list[tuple] = [(ar.generate(prompt, **kw), spec.generate(prompt, **kw), hf_generate(kw["max_new_tokens"]))
-                         for _ in range(DEMO_RUNS)]  # interleaved; the fastest run of each counts
+    from .core.cost import LoadMonitor
+
+    with LoadMonitor() as load:  # was the machine busy before or during the timed runs?
+        runs: list[tuple] = [(ar.generate(prompt, **kw), spec.generate(prompt, **kw),
+                              hf_generate(kw["max_new_tokens"]))
+                             for _ in range(DEMO_RUNS)]  # interleaved; the fastest run of each counts
     a, s, hf = (min((run[i] for run in runs), key=lambda r: r.wall_s) for i in range(3))
     hf_wall = hf.wall_s
     for r in (a, s):
@@ -293,6 +328,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"{s.method}: speedup {a.wall_s / s.wall_s:.2f}x over ar, {vs_hf:.2f}x over transformers generate | "
           f"token ids identical to ar: {'yes' if same else 'NO'}, to transformers generate: "
           f"{'yes' if same_hf else 'no (kernel rounding near a tie; see docs/performance.md)'}")
+    if load.note():
+        print(load.note(), file=sys.stderr)
     if kw["temperature"] == 0 and not same and s.lossless:
         print("selfspec: error: greedy outputs differ; please report this", file=sys.stderr)
         return 1
@@ -317,6 +354,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         shipped = "" if (bundled.adapter_dir(name) / "selfspec_finetune.json").is_file() else f" [build: {f.build}]"
         print(f"{name:30s} {state:11s} {f.method:6s} {'(base licence)':22s} {f.note}{shipped}")
     print(f"cache: {bundled.selfspec_home()} (set SELFSPEC_HOME to move it)")
+    w = bundled.writable_cache_dir("profiles")
+    if w != bundled.selfspec_home() / "profiles":  # a read-only (shared) home: used read-only
+        print(f"the cache is read-only: cost profiles and choices go to {w.parent if w else 'nowhere (not cached)'}")
     return 0
 
 
@@ -328,9 +368,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    """Measure (or show the cached) verify cost curve T(q) that drafters size their drafts from."""
-    import json as _json
-
+    """Measure (or show the cached) verify cost curve T(q) that drafters size their drafts from:
+    the medians of interleaved repeats (raw) and their non-decreasing fit, which drafters use."""
     from .core import cost
     from .models.loading import load_model
 
@@ -339,20 +378,31 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise SelfspecError("--max-q and --reps must be at least 1")
     target = load_model(args.model, args.device, args.dtype, args.trust_remote_code, kernels=args.kernels)
     key = cost.profile_key(target.model, target.name, target.backend)
-    path = cost.profile_path(key)
-    if path.is_file() and not args.remeasure:
-        prof = cost.CostProfile.from_json(_json.loads(path.read_text()))
-    else:
-        qs = tuple(q for q in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64) if q <= args.max_q)
-        prof = cost.measure(target.model, key, qs=qs, reps=args.reps, progress=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_json.dumps(prof.to_json(), indent=1))
+    qs = tuple(q for q in cost.PROFILE_QS if q < args.max_q) + (args.max_q,)
+    # a cache that stops short of --max-q, or has drifted, is measured again (with the qs it had)
+    prof, measured = cost.cached_or_measure(target.model, key, qs, remeasure=args.remeasure, max_q=args.max_q,
+                                            reps=args.reps, progress=True, what=args.model)
     print(f"verify cost profile of {args.model} on {kernels_label(target.backend)} kernels "
           f"({prof.context}-token cache), {key.split('|', 3)[-1]}")
-    print("    q   ms/forward   T(q)/T(1)   ms/token")
-    for q, t in zip(prof.qs, prof.seconds):
-        print(f"{q:5d} {t * 1000:12.1f} {t / prof.t1:11.2f} {t * 1000 / q:10.1f}")
-    print(f"saved: {path}")
+    print("    q   ms/forward   T(q)/T(1)   ms/token   raw median ms   spread ms")
+    raw = prof.raw or prof.seconds
+    spread = prof.spread or (0.0,) * len(prof.qs)
+    for q, t, m, sp in zip(prof.qs, prof.seconds, raw, spread):
+        if q <= args.max_q:
+            fitted = "  (fitted)" if abs(m - t) > 0.005 * t else ""  # pooled with a neighbour by the fit
+            print(f"{q:5d} {t * 1000:12.1f} {t / prof.t1:11.2f} {t * 1000 / q:10.1f} {m * 1000:15.1f} "
+                  f"{sp * 1000:11.1f}{fitted}")
+    if prof.source == "corrected":
+        n = sum(c for _, c in prof.observations)
+        print(f"ms/forward: the non-decreasing fit of the raw medians, corrected with {n} verify timings while "
+              f"decoding (they differed by up to {prof.last_drift:.0%} from the profile before)")
+    else:
+        print(f"ms/forward: the non-decreasing fit of the raw medians of {prof.reps or 'unrecorded'} interleaved "
+              "rounds")
+    if measured:
+        print(f"saved: {prof.path}" if prof.path is not None else "not saved: no writable cache")
+    else:
+        print(f"cached: {cost.profile_path(key)} (use --remeasure to measure again)")
     return 0
 
 
@@ -527,6 +577,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="selfspec", description="Lossless speculative decoding on Hugging Face models.")
+    p.add_argument("--version", action="version", version=f"selfspec {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate text, streaming it as drafts are accepted")
@@ -554,8 +605,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="measure the verify cost curve T(q) on this machine (drafters use it)")
     _add_model_args(pr, method=False)
-    pr.add_argument("--max-q", type=int, default=64, help="largest block size measured (default 64)")
-    pr.add_argument("--reps", type=int, default=5, help="rounds; medians are reported (default 5)")
+    pr.add_argument("--max-q", type=int, default=64,
+                    help="largest block size measured (default 64; a cached profile that stops short of it is "
+                         "measured again)")
+    pr.add_argument("--reps", type=int, default=5,
+                    help="interleaved rounds (at least 3 are run); medians are reported (default 5)")
     pr.add_argument("--remeasure", action="store_true", help="measure again even if a profile is cached")
     pr.set_defaults(func=cmd_profile)
 
@@ -575,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--draft-exit", default="cost", choices=["cost", "gamma"], help="exit rule to tune for")
     t.add_argument("--rerank", type=int, default=0,
                    help="proxy: measure the speed of the best N proxy trials and keep the fastest")
-    t.add_argument("--seed", type=int, default=0, help="sampler seed")
+    t.add_argument("--seed", type=seed_arg, default=0, help="sampler seed")
     t.add_argument("--state", default=None, help="search state directory (resumed when it exists)")
     t.add_argument("--fresh", action="store_true", help="start over instead of resuming the search state")
     t.add_argument("--out", default=None,
@@ -639,8 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
     ft = tr.add_argument_group("sdsat, space, msn and sft")
     ft.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16); 0 = full fine-tuning")
     ft.add_argument("--max-steps", type=int, default=0, help="optimiser steps (default 0: --epochs decides)")
-    tr.add_argument("--seed", type=int, default=0, help="training seed (order, noise, init)")
-    tr.add_argument("--data-seed", type=int, default=42, help="data shuffling seed")
+    tr.add_argument("--seed", type=seed_arg, default=0, help="training seed (order, noise, init)")
+    tr.add_argument("--data-seed", type=seed_arg, default=42, help="data shuffling seed")
     tr.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
     tr.add_argument("--device", default="cpu", help="cpu (default) or cuda; under accelerate launch: the process's")
@@ -669,16 +723,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
+    try:  # Ctrl-C at any time, the imports of building the parser and loading a model included
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except SelfspecError as e:
         print(f"selfspec: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("selfspec: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`selfspec models list | head -1`): no traceback
+        import contextlib
+
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,21 @@ from dataclasses import dataclass
 
 from .errors import SelfspecError
 
+SAMPLING_MODES = ("coupled", "rejection")  # see selfspec.core.sampling
+
+
+def seed_arg(value: str) -> int:
+    """``argparse`` type of every ``--seed``: an integer in [0, 2^63), else a one-line error."""
+    import argparse
+
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {value!r}: use an integer >= 0") from None
+    if not 0 <= seed < 2**63:
+        raise argparse.ArgumentTypeError(f"seed must be an integer in [0, 2^63), not {seed}")
+    return seed
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -17,18 +32,27 @@ class GenerationConfig:
         temperature: 0 for greedy, > 0 to sample.
         top_k: keep the k most likely tokens when sampling; 0 = off.
         top_p: nucleus mass in (0, 1]; 1 = off.
-        seed: seed of the request's own ``torch.Generator`` (sampling only).
-        stop: stop strings; generation ends after the token that completes one.
+        seed: seed of the sampler (>= 0); None draws a fresh one, which the result reports so
+            the run can be reproduced.
+        stop: stop strings; generation ends after the token that completes one, and the text
+            ends before the stop string (as in the OpenAI API) unless ``include_stop``.
         ignore_eos: keep generating past end-of-sequence tokens (benchmarks, tests).
+        sampling: ``coupled`` (default: Gumbel-max noise keyed by (seed, position), so a seed
+            gives the same text for every method) or ``rejection`` (speculative rejection
+            sampling: lossless in distribution, but the text depends on the method's drafts).
+            See :mod:`selfspec.core.sampling`.
+        include_stop: keep the stop string at the end of the text.
     """
 
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
-    seed: int = 0
+    seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    sampling: str = "coupled"
+    include_stop: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -43,7 +67,11 @@ class GenerationConfig:
         p = self.top_p
         if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
             raise SelfspecError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
-        if not isinstance(self.seed, int):
-            raise SelfspecError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**63):
+            raise SelfspecError(f"seed must be an integer in [0, 2^63) (or None for a fresh random seed), "
+                                f"got {self.seed!r}")
+        if self.sampling not in SAMPLING_MODES:
+            raise SelfspecError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {self.sampling!r}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise SelfspecError("stop strings must be non-empty strings")

@@ -152,7 +152,7 @@ def _head(target: LoadedModel, cfg: EagleConfig, method: str):
             f"no trained {method} head for model '{target.name}': train one with `bash scripts/train_hass.sh` "
             f"(or `selfspec train hass --model {target.name} --out DIR`) and pass head=DIR (--head DIR)")
     path = cfg.head or str(found)
-    if cfg.head and not Path(cfg.head).is_dir():
+    if cfg.head and not Path(cfg.head).exists():  # a file: load_head says so
         raise SelfspecError(f"head directory {cfg.head} does not exist; pass a directory written by "
                             "`selfspec train hass` (--head DIR)")
     head, _ = load_head(path, target.model)

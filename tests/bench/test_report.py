@@ -87,3 +87,23 @@ def test_acceptance_by_depth_from_records():
             {"drafted_per_step": [0, 1], "committed_per_step": [1, 2]}]
     # depth 1: verified 3 times, accepted in steps (3 drafts, 4 committed) and (1 draft, 2 committed)
     assert acceptance_by_depth(recs) == [2 / 3, 1 / 2, 1 / 1]
+
+
+def test_contended_runs_are_counted_and_marked(tmp_path):
+    from selfspec.bench.report import write_report
+
+    records = [dict(rec("a", "ar", "x", 10, 1.0, 10), contended=True), rec("b", "ar", "x", 10, 1.0, 10),
+               rec("a", "pld", "x", 10, 0.5, 5), rec("b", "pld", "x", 10, 0.5, 5)]
+    s = summarize(records, ["ar", "pld"])
+    assert s["ar"]["contended_runs"] == 1 and s["pld"]["contended_runs"] == 0
+    meta = {"model": "m", "dataset": "d", "prompts": 2, "repeats": 1, "generation": {"max_new_tokens": 10,
+            "temperature": 0.0}, "environment": {"machine": "x", "torch": "t", "transformers": "t", "git": "g",
+                                                 "contended": True},
+            "load": {"load_before": 1.2, "load_after": 3.4, "machine_cores": 2}}
+    write_report(tmp_path, meta, s)
+    md = (tmp_path / "report.md").read_text()
+    assert "**Contended: the machine was busy with other work during this run (1-min load up to 3.4 on 2 cores)" in md
+    assert "Timed runs while busy: ar 1/2." in md
+    meta["environment"]["contended"] = False
+    write_report(tmp_path, meta, summarize(records[1:], ["ar", "pld"]))
+    assert "Contended" not in (tmp_path / "report.md").read_text()

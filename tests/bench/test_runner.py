@@ -114,3 +114,31 @@ def test_auto_is_named_as_it_ran(tiny_dir, dataset, tmp_path):
     assert len(auto) == 1 and s[auto[0]]["identical"] == "3/3"
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert {r["method"] for r in records} == {"ar", auto[0]}
+
+
+def test_contended_runs_are_recorded_and_flagged(tiny_dir, dataset, tmp_path, monkeypatch, capsys):
+    from selfspec.core.cost import LoadMonitor
+
+    out = tmp_path / "quiet"
+    monkeypatch.setattr(LoadMonitor, "contended", property(lambda self: False))
+    assert main(["bench", "--model", str(tiny_dir), "--methods", "ar,pld", "--kernels", "stock", "--dataset",
+                 str(dataset), "--max-new-tokens", "6", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert all(r["contended"] is False for r in records)
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["meta"]["environment"]["contended"] is False and rep["meta"]["load"]["contended_runs"] == 0
+    assert "Contended" not in (out / "report.md").read_text()
+    assert "machine was busy" not in capsys.readouterr().err
+
+    out = tmp_path / "busy"
+    monkeypatch.setattr(LoadMonitor, "contended", property(lambda self: True))
+    assert main(["bench", "--model", str(tiny_dir), "--methods", "ar,pld", "--kernels", "stock", "--dataset",
+                 str(dataset), "--max-new-tokens", "6", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert all(r["contended"] is True for r in records)
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["meta"]["environment"]["contended"] is True and rep["summary"]["pld"]["contended_runs"] == 3
+    assert json.loads((out / "meta.json").read_text())["environment"]["contended"] is True
+    md = (out / "report.md").read_text()
+    assert "**Contended: the machine was busy" in md and "ar 3/3, pld 3/3" in md
+    assert "machine was busy during the timing" in capsys.readouterr().err

@@ -1,7 +1,12 @@
 """The verify-cost profile: interpolation, extrapolation, caching, and re-measuring a cached
-profile when a method needs larger blocks measured (SPACE's masked forwards)."""
+profile when a method needs larger blocks measured (SPACE's masked forwards); repeats and the
+isotonic fit, online correction from verify timings, and ``selfspec profile``."""
 
 from __future__ import annotations
+
+import json
+
+import pytest
 
 import selfspec.core.cost as cost
 from selfspec.core.cost import CostProfile, load_or_measure
@@ -32,3 +37,199 @@ def test_cache_and_extra_block_sizes(tmp_path, monkeypatch):
     assert len(calls) == 2 and {25, 36} <= set(wide.qs) and set(cost.DEFAULT_QS) <= set(wide.qs)
     assert load_or_measure(model, "tiny", extra_qs=(36,)).qs == wide.qs and len(calls) == 2
     assert load_or_measure(model, "tiny").qs == wide.qs and len(calls) == 2  # the wider profile serves all
+
+
+# --- robust profiles: repeats, isotonic fit, noise-aware notes -------------------------------------------------
+
+
+def test_isotonic_pools_adjacent_violators():
+    assert cost.isotonic([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert cost.isotonic([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert cost.isotonic([3.0, 2.0, 1.0]) == [2.0, 2.0, 2.0]
+    assert cost.isotonic([1.0, 3.0, 1.0], [1.0, 1.0, 3.0]) == [1.0, 1.5, 1.5]
+    fit = cost.isotonic([0.148, 0.10, 0.11, 0.121])  # the issue's T(3) > T(16)
+    assert all(a <= b for a, b in zip(fit, fit[1:]))
+
+
+def test_violations_need_ten_percent_and_to_exceed_the_spread():
+    qs = (1, 2, 3)
+    assert cost.violations(qs, (1.0, 1.5, 1.4)) == []  # 7% below: noise
+    assert cost.violations(qs, (1.0, 1.5, 1.2)) == [(2, 1.5, 3, 1.2)]
+    assert cost.violations(qs, (1.0, 1.5, 1.2), (0.0, 0.4, 0.4)) == []  # repeats overlap
+    assert cost.violations(qs, (1.0, 1.5, 1.2), (0.0, 0.1, 0.1)) == [(2, 1.5, 3, 1.2)]
+
+
+def test_measure_runs_three_rounds_at_least_and_fits():
+    p = cost.measure(tiny_model(), "k-measure", qs=(1, 2, 4), context=8, reps=1)
+    assert p.reps == cost.MIN_ROUNDS and len(p.raw) == len(p.spread) == 3 and all(s >= 0 for s in p.spread)
+    assert list(p.seconds) == cost.isotonic(p.raw)
+
+
+def test_json_round_trip_and_legacy_profiles_are_fitted():
+    p = CostProfile((1, 2, 3), (1.0, 2.0, 2.0), 16, "k", (1.0, 2.2, 1.8), (0.1, 0.1, 0.1), 5)
+    assert CostProfile.from_json(p.to_json()) == p
+    legacy = CostProfile.from_json({"qs": [1, 3, 16], "seconds": [0.1, 0.148, 0.121], "context": 256, "key": "k"})
+    assert legacy.raw == (0.1, 0.148, 0.121) and legacy.seconds == (0.1, 0.1345, 0.1345) and legacy.reps == 0
+    assert cost.stale_reason(legacy) is not None  # measured again on load
+    assert cost.stale_reason(p) is None
+
+
+def test_monotone_note_names_the_pair_and_no_warning_word():
+    p = CostProfile((1, 3, 16), (0.1, 0.1345, 0.1345), 256, "k", (0.1, 0.148, 0.121), (0.002, 0.003, 0.002), 5)
+    note = cost.monotone_note(p)
+    assert note.startswith("selfspec: ") and "T(3) = 148.0 ms > T(16) = 121.0 ms" in note
+    assert "\n" not in note and "warning" not in note.lower()
+    noisy = CostProfile((1, 3, 16), (0.1, 0.1345, 0.1345), 256, "k", (0.1, 0.148, 0.121), (0.002, 0.05, 0.05), 5)
+    assert cost.monotone_note(noisy) is None  # within the spread of the repeats
+
+
+# --- online correction --------------------------------------------------------------------------------------------
+
+
+def test_observe_keeps_an_average_per_q_and_ratio_reads_the_snapshot():
+    cost.reset_online("k-online")
+    p = CostProfile((1, 2, 4), (1.0, 2.0, 2.5), 16, "k-online")
+    for s in (1.4, 1.5, 9.0, 1.6, 1.5):  # median start: one cold outlier does not stay
+        p.observe(2, s)
+    p.observe(4, 3.0)  # once: too few to count
+    p.observe(3, float("nan"))
+    p.observe(0, 1.0)  # ignored
+    assert cost.online("k-online").estimates() == {2: 1.5}
+    assert p.drift() == pytest.approx(0.25)  # |1.5 - 2.0| / 2.0
+    for _ in range(20):
+        p.observe(2, 1.0)
+    ema = cost.online("k-online").estimates()[2]
+    assert 1.0 < ema < 1.5
+    assert p.ratio(2) == 2.0 and p.seconds == (1.0, 2.0, 2.5)  # draft sizing never changes in-process
+    c = p.corrected()
+    assert c.qs == (1, 2, 4) and c.raw[1] == pytest.approx(ema) and c.source == "corrected"
+    assert c.last_drift == pytest.approx(p.drift()) and dict(c.observations) == {2: 25}
+    assert list(c.seconds) == cost.isotonic(c.raw)
+    cost.reset_online("k-online")
+
+
+def test_corrected_adds_unmeasured_qs_and_refits():
+    cost.reset_online("k-add")
+    p = CostProfile((1, 2, 4), (1.0, 2.0, 2.5), 16, "k-add")
+    for _ in range(5):
+        p.observe(3, 1.0)  # faster than T(2): pooled by the fit
+    c = p.corrected()
+    assert c.qs == (1, 2, 3, 4) and c.raw == (1.0, 2.0, 1.0, 2.5) and c.seconds == (1.0, 1.5, 1.5, 2.5)
+    assert p.drift() == pytest.approx(1 - 1.0 / 2.25)
+    cost.reset_online("k-add")
+
+
+def test_online_estimates_are_shared_by_copies():
+    import copy
+
+    cost.reset_online("k-copy")
+    p = CostProfile((1, 2), (1.0, 2.0), 16, "k-copy")
+    q = copy.deepcopy(p)  # drafters snapshot their budget state, profile included
+    for _ in range(5):
+        q.observe(1, 2.0)
+    assert p.drift() == pytest.approx(1.0)
+    cost.reset_online("k-copy")
+
+
+def test_persist_writes_the_corrected_profile_and_never_raises(tmp_path):
+    cost.reset_online("k-persist")
+    p = CostProfile((1, 2), (1.0, 2.0), 16, "k-persist", path=tmp_path / "p.json")
+    assert p.persist() is None and not (tmp_path / "p.json").exists()  # nothing observed
+    for _ in range(6):
+        p.observe(2, 3.0)
+    assert p.persist() == tmp_path / "p.json"
+    saved = CostProfile.from_json(json.loads((tmp_path / "p.json").read_text()))
+    assert saved.raw == (1.0, 3.0) and saved.last_drift == pytest.approx(0.5) and saved.source == "corrected"
+    (tmp_path / "file").write_text("")
+    assert p.persist(tmp_path / "file" / "p.json") is None  # unwritable: no exception
+    assert CostProfile((1,), (1.0,), 16, "k-persist").persist() is None  # no cache path: nowhere to write
+    cost.reset_online("k-persist")
+
+
+def test_exit_persists_profiles_loaded_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    model = tiny_model()
+    monkeypatch.setattr(cost, "measure", lambda m, key, qs=cost.DEFAULT_QS, *a, **kw: CostProfile(
+        tuple(qs), tuple(float(q) for q in qs), 8, key, tuple(float(q) for q in qs), (0.0,) * len(qs), 3))
+    prof = load_or_measure(model, "tiny-exit")
+    assert prof.path is not None and prof.path.is_file()
+    cost.reset_online(prof.key)
+    for _ in range(5):
+        prof.observe(2, 2.5)
+    assert cost._TO_PERSIST[prof.key] is prof
+    wider = load_or_measure(model, "tiny-exit", extra_qs=(36,))  # measured again, wider, meanwhile
+    assert 36 in wider.qs
+    cost._persist_all()  # what atexit runs
+    again = load_or_measure(model, "tiny-exit")
+    assert again.source == "corrected" and again.raw[1] == 2.5 and again.last_drift == pytest.approx(0.25)
+    assert again.qs == wider.qs  # corrected on top of what the cache held at exit
+    cost.reset_online(prof.key)
+
+
+def test_drift_over_thirty_percent_is_measured_again_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    calls = []
+
+    def fake(model, key, qs=cost.DEFAULT_QS, *a, **kw):
+        calls.append(key)
+        return CostProfile(tuple(qs), tuple(float(q) for q in qs), 8, key, tuple(float(q) for q in qs),
+                           (0.0,) * len(qs), 3)
+
+    monkeypatch.setattr(cost, "measure", fake)
+    model = tiny_model()
+    prof = load_or_measure(model, "tiny-drift")
+    assert len(calls) == 1
+
+    def drifted(p, d, **kw):
+        cost.write_profile(cost.replace(p, last_drift=d, source="corrected", **kw), cost.profile_path(p.key))
+
+    drifted(prof, 0.2)
+    assert load_or_measure(model, "tiny-drift").last_drift == 0.2 and len(calls) == 1  # within 30%: kept
+    drifted(prof, 0.45)
+    fresh = load_or_measure(model, "tiny-drift")
+    assert len(calls) == 2 and fresh.remeasured_for_drift and fresh.last_drift == 0.0
+    # the same drift found right after that re-measurement is systematic: corrected values are kept
+    drifted(fresh, 0.45, remeasured_for_drift=True)
+    assert load_or_measure(model, "tiny-drift").last_drift == 0.45 and len(calls) == 2
+    assert load_or_measure(model, "tiny-drift", remeasure=True) and len(calls) == 3
+
+
+def test_profile_of_finds_the_drafters_profile():
+    class Budget:
+        def __init__(self, profile):
+            self.profile = profile
+
+    class Drafter:
+        def __init__(self, profile):
+            self.budget = Budget(profile)
+
+    p = CostProfile((1,), (1.0,), 16, "k")
+    assert cost.profile_of(Drafter(p)) is p and cost.profile_of(Budget(p)) is p
+    assert cost.profile_of(Drafter(None)) is None and cost.profile_of(object()) is None
+
+
+# --- selfspec profile ---------------------------------------------------------------------------------------------
+
+
+def test_profile_command_says_cached_and_measures_up_to_max_q(tiny_dir, tmp_path, monkeypatch, capsys):
+    from selfspec.cli import main
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    args = ["profile", "--model", str(tiny_dir), "--kernels", "stock", "--reps", "3"]
+
+    def rows(out):
+        return [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+
+    assert main([*args, "--max-q", "6"]) == 0
+    out = capsys.readouterr().out
+    assert [int(r[0]) for r in rows(out)] == [1, 2, 3, 4, 5, 6]
+    assert "raw median ms" in out and "saved: " in out and "cached:" not in out
+    assert main([*args, "--max-q", "5"]) == 0  # the cache reaches 5
+    out = capsys.readouterr().out
+    assert "cached: " in out and "use --remeasure to measure again" in out and "saved:" not in out
+    assert [int(r[0]) for r in rows(out)] == [1, 2, 3, 4, 5]
+    assert main([*args, "--max-q", "10"]) == 0  # stops short of 10: measured again, up to 10
+    out = capsys.readouterr().out
+    assert [int(r[0]) for r in rows(out)] == [1, 2, 3, 4, 5, 6, 8, 10] and "saved: " in out
+    assert main([*args, "--max-q", "10", "--remeasure"]) == 0
+    assert "saved: " in capsys.readouterr().out

@@ -70,3 +70,19 @@ def test_self_test_catches_ignored_mask(monkeypatch):
 
     with pytest.raises(SelfspecError, match="self-test"):
         tree_self_test(tiny_model("llama"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_self_test_passes_and_catches_ignored_mask(dtype, monkeypatch):
+    """bf16/fp16: tree and sequential forwards round differently, so the self-test compares
+    decisions and the logits' relative difference, not an fp32 tolerance; a dropped mask still
+    fails it."""
+    from selfspec.errors import SelfspecError
+
+    model = tiny_model("llama").to(dtype)
+    tree_self_test(model)  # healthy: passes
+    import selfspec.models.adapter as adapter
+
+    monkeypatch.setattr(adapter, "build_mask", lambda base, block, impl, dtype, device: None)
+    with pytest.raises(SelfspecError, match="ignores the 4-D tree mask"):
+        tree_self_test(model)

@@ -187,7 +187,7 @@ def test_eagle_oracle_pool_all_accepted(target, references):
         ctx["gen"] = state.ids[ctx["plen"]:]
         return inner(state)
 
-    def expand(h_last, position):
+    def expand(h_last, position, state=None):
         fut = ctx["ref"][len(ctx["gen"]):]
         scores, tokens, parents = [], [], []
         parent = -1

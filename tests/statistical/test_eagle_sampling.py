@@ -23,7 +23,8 @@ def run(target, temperature: float, top_p: float = 1.0) -> torch.Tensor:  # noqa
                       self_test=False)
     counts = torch.zeros(V ** 3, dtype=torch.float64)
     for seed in range(N):
-        r = g.generate(PROMPT, max_new_tokens=4, temperature=temperature, top_p=top_p, seed=seed, ignore_eos=True)
+        r = g.generate(PROMPT, max_new_tokens=4, temperature=temperature, top_p=top_p, seed=seed, ignore_eos=True,
+                       sampling="rejection")
         a, b, c = r.token_ids[:3]
         counts[(a * V + b) * V + c] += 1
         assert r.drafted_per_step[1] == 2  # the first speculative step verified a depth-2 tree

@@ -26,7 +26,7 @@ def test_msn_tree_sampling_matches_target(target):  # noqa: F811
     multi = 0
     for seed in range(N):
         r = g.generate(PROMPT, max_new_tokens=5, temperature=warper.temperature, top_p=warper.top_p,
-                       seed=seed, ignore_eos=True)
+                       seed=seed, ignore_eos=True, sampling="rejection")
         b, c, d = r.token_ids[1:4]
         counts[(b * V + c) * V + d] += 1
         multi += max(r.committed_per_step[1:]) > 1

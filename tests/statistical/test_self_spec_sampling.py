@@ -52,7 +52,7 @@ def run(target, warper: Warper) -> torch.Tensor:
     counts = torch.zeros(V ** 3, dtype=torch.float64)
     for seed in range(N):
         r = g.generate(PROMPT, max_new_tokens=4, temperature=warper.temperature, top_k=warper.top_k,
-                       top_p=warper.top_p, seed=seed, ignore_eos=True)
+                       top_p=warper.top_p, seed=seed, ignore_eos=True, sampling="rejection")
         a, b, c = r.token_ids[:3]
         counts[(a * V + b) * V + c] += 1
         # the first step after the prompt forward drafts two tokens: x2 and x3 come from it

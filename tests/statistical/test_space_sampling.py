@@ -26,7 +26,7 @@ def run(target, method: str, warper: Warper) -> torch.Tensor:  # noqa: F811
     counts = torch.zeros(V ** 3, dtype=torch.float64)
     for seed in range(N):
         r = g.generate(PROMPT, max_new_tokens=5, temperature=warper.temperature, top_p=warper.top_p,
-                       top_k=warper.top_k, seed=seed, ignore_eos=True)
+                       top_k=warper.top_k, seed=seed, ignore_eos=True, sampling="rejection")
         b, c, d = r.token_ids[1:4]
         counts[(b * V + c) * V + d] += 1
         assert r.drafted_per_step[1] == 0 and r.drafted_per_step[2] == 2  # masks only, then 2 candidates

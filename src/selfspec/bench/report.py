@@ -58,6 +58,9 @@ def summarize(records: list[dict], names: list[str], baselines: dict[str, str] |
     for r in records:
         by[r["method"]].append(r)
     greedy = all(r.get("temperature", 0) == 0 for r in records)
+    # coupled sampling makes every method's text a function of (seed, prompt): ids comparable to ar's
+    same_text = all(r.get("temperature", 0) == 0 or r.get("sampling") == "coupled"
+                    for r in records if r.get("kind", "method") == "method")
 
     def tps(rs: list[dict]) -> float:
         wall = sum(r["wall_s"] for r in rs)
@@ -82,6 +85,7 @@ def summarize(records: list[dict], names: list[str], baselines: dict[str, str] |
         s["speedup"] = s["tokens_per_s"] / base_tps if base_tps else None
         s["speedup_vs_hf"] = s["tokens_per_s"] / hf_tps if hf_tps else None
         s["median_tokens_per_s"] = statistics.median(r["new_tokens"] / r["wall_s"] for r in rs if r["wall_s"])
+        s["contended_runs"] = sum(1 for r in rs if r.get("contended"))  # timed while the machine was busy
         steps = sum(r.get("steps", 0) for r in rs)
         s["tau"] = s["tokens"] / steps if steps else None
         s["acceptance_by_depth"] = acceptance_by_depth(rs)
@@ -96,7 +100,7 @@ def summarize(records: list[dict], names: list[str], baselines: dict[str, str] |
             base_cat[r["category"]].append(r)
         s["by_category"] = {c: (tps(v) / tps(base_cat[c]) if base_cat.get(c) and tps(base_cat[c]) else None)
                             for c, v in sorted(cats.items())}
-        if greedy and base_rs:
+        if base_rs and (greedy or (same_text and s["kind"] == "method")):
             same, diffs = _compare(rs, ids_of(base))
             s["identical"] = f"{same}/{same + len(diffs)}"
             s["differences"] = diffs
@@ -107,6 +111,29 @@ def summarize(records: list[dict], names: list[str], baselines: dict[str, str] |
     return out
 
 
+def contended_lines(meta: dict, summary: dict) -> list[str]:
+    """A paragraph that flags the timings as noisy when the machine was busy with other work
+    (``environment.contended``, or records timed while contended); nothing otherwise."""
+    busy = {n: s["contended_runs"] for n, s in summary.items() if s.get("contended_runs")}
+    if not meta.get("environment", {}).get("contended") and not busy:
+        return []
+    load = meta.get("load") or {}
+    peak = max((v for v in (load.get("load_before"), load.get("load_after")) if v is not None), default=None)
+    where = f" (1-min load up to {peak:.1f} on {load.get('machine_cores')} cores)" if peak is not None else ""
+    runs = ", ".join(f"{n} {k}/{summary[n]['runs']}" for n, k in busy.items()) or "none singled out"
+    return [f"**Contended: the machine was busy with other work during this run{where}; tok/s and speedups are "
+            f"noisy.** Timed runs while busy: {runs}.", ""]
+
+
+def sampling_note(g: dict) -> str:
+    """`` (sampling coupled, seed 0)`` when the run sampled; empty for greedy runs."""
+    if not g.get("temperature"):
+        return ""
+    extra = f", top-p {g['top_p']}" if g.get("top_p", 1.0) < 1.0 else ""
+    extra += f", top-k {g['top_k']}" if g.get("top_k") else ""
+    return f"{extra} (sampling {g.get('sampling', 'rejection')}, seed {g.get('seed')})"
+
+
 def write_report(out: Path, meta: dict, summary: dict) -> None:
     (out / "report.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     env = meta["environment"]
@@ -115,13 +142,14 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         f"# selfspec bench: {meta['model']}",
         "",
         f"Dataset `{meta['dataset']}` ({meta['prompts']} prompts), max_new_tokens {g['max_new_tokens']}, "
-        f"temperature {g['temperature']}, repeats {meta['repeats']}. Machine: {env['machine']}; "
+        f"temperature {g['temperature']}{sampling_note(g)}, repeats {meta['repeats']}. Machine: {env['machine']}; "
         f"torch {env['torch']}, transformers {env['transformers']}, git {env['git']}.",
         "",
         "Speedup is against `ar` on the same kernels backend; `vs hf` against `transformers` `generate` "
         "(fp32, stock kernels). `int8` is a quantised model: its methods are lossless with respect to the "
         "int8 model, not to the fp32 one (its quality cost is in docs/performance.md).",
         "",
+        *contended_lines(meta, summary),
         "| method | kernels | kind | lossless | tokens | tok/s | speedup vs ar | vs hf | tau | identical to ar "
         "| identical to hf | pass@1 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -167,6 +195,8 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         same = all(s.get("pass@1") == summary.get(s["baseline"], {}).get("pass@1")
                    for s in summary.values() if "pass@1" in s and s["kind"] == "method")
         lines += ["", f"HumanEval pass@1 equal to ar's on the same backend for every method: {'yes' if same else 'NO'}"]
-    plots = ["speedup_by_category.png", "speedup_tau.png", "accepted_length_hist.png", "cost_profile.png"]
-    lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in plots)]
+    plots = [p for p in ("speedup_by_category.png", "speedup_tau.png", "accepted_length_hist.png", "cost_profile.png")
+             if (out / p).exists()]
+    if plots:
+        lines += ["", "Plots: " + ", ".join(f"![{p}]({p})" for p in plots)]
     (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..config import SAMPLING_MODES, seed_arg
 from ..errors import SelfspecError
 from .datasets import Prompt, load_dataset
 from .peers import PEERS, run_peer
@@ -37,7 +38,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
+    p.add_argument("--sampling", default="coupled", choices=SAMPLING_MODES,
+                   help="how our methods sample when --temperature > 0 (default coupled; see docs/sampling.md)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the hf-pld peer")
     p.add_argument("--out", default="bench-out", help="output directory (records.jsonl, report.md, report.json)")
@@ -139,7 +142,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise SelfspecError("--repeats must be at least 1")
     gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-               top_k=args.top_k, seed=args.seed)
+               top_k=args.top_k, seed=args.seed, sampling=args.sampling)
     GenerationConfig(**gen)  # validate before loading anything
     from ..registry import method_config
 
@@ -227,14 +230,20 @@ def run_cli(args: argparse.Namespace) -> int:
     names = list(generators) + peers
     todo = [(rep, pr, n) for rep in range(args.repeats) for pr in prompts for n in names
             if (pr.id, n, rep) not in done]
+    from ..core.cost import LoadMonitor
+
+    run_load = LoadMonitor().start()  # the whole timed part; each record also gets its own
     with open(records_path, "a") as f, tqdm(total=len(todo), desc="bench", unit="run") as bar:
         for rep, pr, name in todo:
             ids = prompt_ids(pr, rep)
             rec = {"prompt_id": pr.id, "category": pr.category, "method": name, "repeat": rep,
                    "backend": backend_of.get(name, "stock"), "prompt_tokens": len(ids),
-                   "temperature": args.temperature, "time": time.time()}
+                   "temperature": args.temperature, "sampling": args.sampling,
+                   "time": time.time()}
+            mon = LoadMonitor().start()
             if name in generators:
                 r = generators[name].generate(ids, **gen)
+                mon.stop()
                 rec.update(kind="method", token_ids=r.token_ids, new_tokens=r.new_tokens, wall_s=r.wall_s,
                            draft_s=r.draft_s, verify_s=r.verify_s, prefill_s=r.prefill_s, steps=r.steps,
                            committed_per_step=r.committed_per_step, drafted_per_step=r.drafted_per_step,
@@ -244,15 +253,26 @@ def run_cli(args: argparse.Namespace) -> int:
                 target.use_kernels("stock", keep=True)
                 po = run_peer(name, target.model, ids, args.max_new_tokens, args.temperature, args.top_p,
                               args.top_k, args.seed, draft_model, args.pld_tokens)
+                mon.stop()
                 rec.update(kind="peer", token_ids=po.token_ids, new_tokens=len(po.token_ids), wall_s=po.wall_s,
                            lossless=True)
+            rec["contended"] = mon.contended  # the machine was busy with other work: a noisy timing
             f.write(json.dumps(rec) + "\n")
             f.flush()
             done[_record_key(rec)] = rec
             bar.set_postfix_str(f"{name} {rec['new_tokens'] / rec['wall_s']:.1f} tok/s")
             bar.update()
 
+    run_load.stop()
     records = [r for r in done.values() if r["method"] in names and r["prompt_id"] in {p.id for p in prompts}]
+    busy = sum(1 for r in records if r.get("contended"))
+    meta["environment"]["contended"] = run_load.contended or busy > 0
+    meta["load"] = dict(run_load.summary(), contended_runs=busy, runs=len(records))
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    if meta["environment"]["contended"]:
+        print(f"selfspec: machine was busy during the timing ({busy} of {len(records)} timed runs contended; "
+              f"load up to {run_load.load or 0:.1f} on {run_load.summary()['machine_cores']} cores): speedups are "
+              "noisy", file=sys.stderr)
     baselines = {n: entry_name("ar", backend_of[n]) for n in generators}
     summary = summarize(records, names, baselines)
     by_id = {p.id: p for p in prompts}
@@ -272,13 +292,13 @@ def run_cli(args: argparse.Namespace) -> int:
         target.use_kernels(b, keep=True)
         profiles[b] = load_or_measure(target.model, target.name, b).to_json()
     meta["cost_profiles"] = profiles
-    write_report(out, meta, summary)
-    try:
+    try:  # plots first: the report links the ones that were written
         from .plots import plot_all
 
         plot_all(out, summary, records, profiles, str(args.model))
     except SelfspecError as e:
         print(f"selfspec: no plots: {e}", file=sys.stderr)
+    write_report(out, meta, summary)
     print((out / "report.md").read_text())
     print(f"records: {records_path}", file=sys.stderr)
     return 0

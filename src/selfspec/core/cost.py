@@ -7,13 +7,17 @@ machine in use, cached per model, dtype, device and machine under ``$SELFSPEC_HO
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import math
+import os
 import platform
 import statistics
 import sys
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -21,6 +25,117 @@ import torch
 from . import kv_cache
 
 DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+PROFILE_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # ``selfspec profile``, capped at --max-q
+MIN_ROUNDS = 3  # measured rounds at least (after one warm-up round); medians of these
+NOISE_RATIO = 0.10  # a later q this much below an earlier q's median (and beyond the spread) is noted
+EMA_ALPHA = 0.1  # weight of a new verify timing in the online average
+MIN_OBSERVATIONS = 5  # verify timings of a q before its online average counts
+DRIFT_REMEASURE = 0.30  # re-measure on load when the last session's online drift exceeded this
+
+
+def isotonic(values: list[float] | tuple[float, ...], weights: list[float] | None = None) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in (weighted) least squares:
+    pool-adjacent-violators. A run that decreases is replaced by its (weighted) mean."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights or [1.0] * len(values)):
+        blocks.append([float(v), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, c2 = blocks.pop()
+            m1, w1, c1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return [m for m, _, c in blocks for _ in range(int(c))]
+
+
+def violations(qs: tuple[int, ...], medians: tuple[float, ...],
+               spread: tuple[float, ...] | None = None) -> list[tuple[int, float, int, float]]:
+    """Pairs (qa, T(qa), qb, T(qb)) with qa < qb where T(qb) is more than ``NOISE_RATIO`` below
+    T(qa) and, when the repeats' ``spread`` (max - min per q) is known, the gap is also larger
+    than half their spreads together (the two ranges of repeats do not overlap): a slowdown the
+    noise of the repeats cannot explain. Worst (largest relative drop) first."""
+    out = []
+    for i in range(len(qs)):
+        for j in range(i + 1, len(qs)):
+            a, b = medians[i], medians[j]
+            if b < (1 - NOISE_RATIO) * a and (spread is None or a - b > (spread[i] + spread[j]) / 2):
+                out.append((qs[i], a, qs[j], b))
+    return sorted(out, key=lambda v: v[3] / v[1])
+
+
+class OnlineCost:
+    """Exponential moving average, per q, of the verify forwards timed while decoding.
+
+    One per profile key, shared by every :class:`CostProfile` object of that key in the process
+    (drafters deep-copy their profiles; the estimates must not split). The first
+    ``MIN_OBSERVATIONS`` timings of a q start its average at their median, so a cold first
+    forward does not linger in it."""
+
+    def __init__(self, alpha: float = EMA_ALPHA) -> None:
+        self.alpha = alpha
+        self.count: dict[int, int] = {}
+        self.ema: dict[int, float] = {}
+        self._first: dict[int, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, q: int, seconds: float) -> None:
+        q, seconds = int(q), float(seconds)
+        if q < 1 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        with self._lock:
+            n = self.count.get(q, 0) + 1
+            self.count[q] = n
+            if n <= MIN_OBSERVATIONS:
+                first = self._first.setdefault(q, [])
+                first.append(seconds)
+                self.ema[q] = statistics.median(first)
+                if n == MIN_OBSERVATIONS:
+                    del self._first[q]
+            else:
+                self.ema[q] += self.alpha * (seconds - self.ema[q])
+
+    def estimates(self, min_count: int = MIN_OBSERVATIONS) -> dict[int, float]:
+        """q -> averaged seconds, for the qs observed at least ``min_count`` times."""
+        with self._lock:
+            return {q: self.ema[q] for q in sorted(self.ema) if self.count[q] >= min_count}
+
+
+_ONLINE: dict[str, OnlineCost] = {}  # profile key -> its online estimates
+_TO_PERSIST: dict[str, CostProfile] = {}  # profile key -> the cached profile its estimates correct
+_ATEXIT = False
+
+
+def online(key: str) -> OnlineCost:
+    """The process-wide online estimates of profile ``key``."""
+    est = _ONLINE.get(key)
+    if est is None:
+        est = _ONLINE.setdefault(key, OnlineCost())
+    return est
+
+
+def reset_online(key: str | None = None) -> None:
+    """Forget the online estimates (of ``key``, or all): for tests."""
+    for k in [key] if key is not None else list(_ONLINE):
+        _ONLINE.pop(k, None)
+        _TO_PERSIST.pop(k, None)
+
+
+def profile_of(drafter: object) -> CostProfile | None:
+    """The cost profile a drafter sizes its drafts from: an attribute of it, or of one of its
+    attributes (``drafter.budget.profile``, ``drafter.rates.profile``); None when it has none."""
+    values = list(vars(drafter).values()) if hasattr(drafter, "__dict__") else []
+    for v in values:
+        if isinstance(v, CostProfile):
+            return v
+    for v in values:
+        if hasattr(v, "__dict__") and not isinstance(v, (torch.nn.Module, torch.Tensor)):
+            for w in vars(v).values():
+                if isinstance(w, CostProfile):
+                    return w
+    return None
+
+
+def _persist_all() -> None:
+    for prof in list(_TO_PERSIST.values()):
+        prof.persist()
 
 
 @dataclass(frozen=True)
@@ -29,19 +144,100 @@ class CostProfile:
 
     Attributes:
         qs: the measured block sizes, increasing, starting at 1.
-        seconds: median wall seconds for each q.
+        seconds: T(q) fitted non-decreasing (isotonic) to ``raw``; what :meth:`ratio` reads.
         context: cached tokens during the measurement.
         key: what was measured (model, dtype, device, machine).
+        raw: the medians of the repeats per q before the fit (online averages where corrected).
+        spread: max - min of the repeats per q (0 for a q corrected online).
+        reps: measured rounds (0: a profile cached before repeats were recorded).
+        last_drift: :meth:`drift` when this profile was written back at exit (0 for a fresh
+            measurement); ``drift`` in the JSON.
+        source: ``measured``, or ``corrected`` (cached T(q) with online averages put in).
+        remeasured_for_drift: measured again because the cached profile had drifted (then a
+            drift found again is kept, not measured a third time).
+        observations: (q, verify timings averaged) of a corrected profile.
+        path: where the process writes it back at exit (not serialised; None: nowhere).
+
+    ``ratio`` reads only this snapshot: the online estimates fed by :meth:`observe` never change
+    draft lengths within a process; they take effect through :meth:`persist` on the next load.
     """
 
     qs: tuple[int, ...]
     seconds: tuple[float, ...]
     context: int
     key: str
+    raw: tuple[float, ...] | None = None
+    spread: tuple[float, ...] | None = None
+    reps: int = 0
+    last_drift: float = 0.0
+    source: str = "measured"
+    remeasured_for_drift: bool = False
+    observations: tuple[tuple[int, int], ...] = ()
+    path: Path | None = field(default=None, compare=False, repr=False)
 
     @property
     def t1(self) -> float:
         return self.seconds[0]
+
+    def at(self, q: int) -> float:
+        """Interpolated T(q) in seconds (see :meth:`ratio`)."""
+        return self.t1 * self.ratio(q)
+
+    def observe(self, q: int, seconds: float) -> None:
+        """Record one verify forward of ``q`` new tokens that took ``seconds`` (wall, synchronised)
+        into the process-wide online average of this profile's key. Cheap; never raises. A profile
+        loaded from the cache is written back, corrected, when the process exits."""
+        online(self.key).observe(q, seconds)
+        if self.path is not None and self.key not in _TO_PERSIST:
+            global _ATEXIT
+            _TO_PERSIST[self.key] = self
+            if not _ATEXIT:
+                _ATEXIT = True
+                atexit.register(_persist_all)
+
+    def drift(self) -> float:
+        """The largest relative difference |EMA - T(q)| / T(q) over the qs observed at least
+        ``MIN_OBSERVATIONS`` times (0 when none)."""
+        est = online(self.key).estimates()
+        return max((abs(v - self.at(q)) / self.at(q) for q, v in est.items()), default=0.0)
+
+    def corrected(self) -> CostProfile:
+        """This profile with the online averages (qs observed at least ``MIN_OBSERVATIONS``
+        times) in place of its raw points, or added as points, then fitted non-decreasing again."""
+        est = online(self.key).estimates()
+        counts = online(self.key).count
+        base = self.raw if self.raw is not None else self.seconds
+        points = dict(zip(self.qs, base))
+        spreads = dict(zip(self.qs, self.spread or (0.0,) * len(self.qs)))
+        for q, v in est.items():
+            points[q], spreads[q] = v, 0.0
+        qs = tuple(sorted(points))
+        raw = tuple(points[q] for q in qs)
+        return replace(self, qs=qs, seconds=tuple(isotonic(raw)), raw=raw, spread=tuple(spreads[q] for q in qs),
+                       last_drift=self.drift(), source="corrected",
+                       remeasured_for_drift=self.source == "measured" and self.remeasured_for_drift,
+                       observations=tuple((q, counts[q]) for q in est))
+
+    def persist(self, path: Path | None = None) -> Path | None:
+        """Write :meth:`corrected` to ``path`` (default: where it was loaded for, see ``path``),
+        with the drift, when some q has enough online timings. The base is the profile cached
+        there now when it has this key (it may have been measured again, wider, since this one
+        was loaded), else this one. Best effort: returns where it wrote, or None; never raises."""
+        try:
+            path = path or self.path
+            if path is None or not online(self.key).estimates():
+                return None
+            base = self
+            try:
+                disk = CostProfile.from_json(json.loads(path.read_text()))
+                if disk.key == self.key:
+                    base = disk
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                pass
+            write_profile(base.corrected(), path)
+            return path
+        except Exception:  # noqa: BLE001 -- at exit, a cache that cannot be written is no error
+            return None
 
     def ratio(self, q: int) -> float:
         """T(q) / T(1), linearly interpolated; extrapolated with the last slope beyond the range."""
@@ -55,11 +251,29 @@ class CostProfile:
         return (ts[-1] + slope * (q - qs[-1])) / ts[0]
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = {"qs": list(self.qs), "seconds": list(self.seconds), "context": self.context, "key": self.key,
+             "raw": list(self.raw) if self.raw is not None else None,
+             "spread": list(self.spread) if self.spread is not None else None, "reps": self.reps,
+             "drift": self.last_drift, "source": self.source}
+        if self.remeasured_for_drift:
+            d["remeasured_for_drift"] = True
+        if self.observations:
+            d["observations"] = {str(q): n for q, n in self.observations}
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> CostProfile:
-        return cls(tuple(d["qs"]), tuple(d["seconds"]), int(d["context"]), d["key"])
+        """From :meth:`to_json`; a profile cached before fits were recorded keeps its medians as
+        ``raw`` and is fitted non-decreasing here."""
+        qs = tuple(int(q) for q in d["qs"])
+        raw = tuple(float(t) for t in (d.get("raw") or d["seconds"]))
+        spread = tuple(float(t) for t in d["spread"]) if d.get("spread") else None
+        if len(raw) != len(qs) or (spread is not None and len(spread) != len(qs)) or not qs:
+            raise ValueError("a cost profile needs one time per block size")
+        return cls(qs, tuple(isotonic(raw)), int(d["context"]), d["key"], raw, spread, int(d.get("reps", 0)),
+                   float(d.get("drift", 0.0)), str(d.get("source", "measured")),
+                   bool(d.get("remeasured_for_drift", False)),
+                   tuple((int(q), int(n)) for q, n in (d.get("observations") or {}).items()))
 
 
 def machine_id() -> str:
@@ -101,7 +315,9 @@ def profile_key(model: torch.nn.Module, model_name: str, backend: str = "stock")
 @torch.inference_mode()
 def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, context: int = 256,
             reps: int = 3, progress: bool = False) -> CostProfile:
-    """Measure T(q) with q values interleaved over ``reps`` rounds (medians)."""
+    """Measure T(q) with q values interleaved over ``reps`` rounds (at least ``MIN_ROUNDS``,
+    after a warm-up round): medians per q as ``raw``, fitted non-decreasing as ``seconds``."""
+    reps = max(reps, MIN_ROUNDS)
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -125,14 +341,26 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
                 times[q].append(dt)
         if progress:
             print(f"selfspec: cost profile round {r}/{reps}", file=sys.stderr)
-    return CostProfile(tuple(qs), tuple(statistics.median(times[q]) for q in qs), context, key)
+    raw = tuple(statistics.median(times[q]) for q in qs)
+    spread = tuple(max(times[q]) - min(times[q]) for q in qs)
+    return CostProfile(tuple(qs), tuple(isotonic(raw)), context, key, raw, spread, reps)
 
 
 def profile_path(key: str) -> Path:
-    from ..models.bundled import selfspec_home
+    """Where the cache file of ``key`` is read: ``$SELFSPEC_HOME/profiles``, or the per-user cache
+    when the home is read-only (see :func:`~selfspec.models.bundled.cache_file`)."""
+    from ..models.bundled import cache_file
 
-    name = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return selfspec_home() / "profiles" / f"{name}.json"
+    return cache_file("profiles", f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json")
+
+
+def save_cache(key: str, data: dict, what: str = "cost profile") -> Path | None:
+    """Write ``data`` as the cache file of ``key`` where it can be written; None (and a one-line
+    note) when nowhere is writable (see :func:`~selfspec.models.bundled.write_cache_file`)."""
+    from ..models.bundled import write_cache_file
+
+    name = f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    return write_cache_file("profiles", name, json.dumps(data, indent=1), what)
 
 
 def load_or_measure(model: torch.nn.Module, model_name: str, backend: str = "stock",
@@ -143,20 +371,219 @@ def load_or_measure(model: torch.nn.Module, model_name: str, backend: str = "sto
     extrapolation (SPACE's masked forwards run 1 + k + (k + 1) k tokens); a cached profile
     without them is measured again with them."""
     key = profile_key(model, model_name, backend)
-    path = profile_path(key)
-    qs = tuple(sorted(set(DEFAULT_QS) | set(extra_qs)))
-    if path.is_file() and not remeasure:
-        try:
-            prof = CostProfile.from_json(json.loads(path.read_text()))
-            if prof.key == key and set(extra_qs) <= set(prof.qs):
-                return prof
-            qs = tuple(sorted(set(qs) | set(prof.qs)))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            pass
-    print(f"selfspec: measuring the verify cost profile of {model_name} on this machine (once) ...", file=sys.stderr)
-    prof = measure(model, key, qs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(prof.to_json(), indent=1))
-    tmp.replace(path)
+    prof, _ = cached_or_measure(model, key, tuple(sorted(set(DEFAULT_QS) | set(extra_qs))), remeasure=remeasure,
+                                what=model_name)
     return prof
+
+
+def read_cached(key: str) -> CostProfile | None:
+    """The cached profile of ``key``; None when missing, unreadable, corrupt or of another key."""
+    try:
+        prof = CostProfile.from_json(json.loads(profile_path(key).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # JSONDecodeError is a ValueError
+        return None
+    return prof if prof.key == key else None
+
+
+def stale_reason(prof: CostProfile) -> str | None:
+    """Why a cached profile must be measured again, or None: the verify times of its last
+    session drifted more than ``DRIFT_REMEASURE`` from it (once: a drift that persists right
+    after re-measuring is kept), or it was cached before repeats were recorded and is not
+    monotonic beyond ``NOISE_RATIO``."""
+    if prof.last_drift > DRIFT_REMEASURE and not prof.remeasured_for_drift:
+        return (f"the verify times measured while decoding differed by up to {prof.last_drift:.0%} from the "
+                "cached cost profile")
+    if prof.reps == 0 and violations(prof.qs, prof.raw or prof.seconds):
+        qa, ta, qb, tb = violations(prof.qs, prof.raw or prof.seconds)[0]
+        return (f"the cached cost profile is not monotonic (T({qa}) = {1e3 * ta:.1f} ms > "
+                f"T({qb}) = {1e3 * tb:.1f} ms) and was cached before fits were recorded")
+    return None
+
+
+def monotone_note(prof: CostProfile) -> str | None:
+    """One line when the measured medians decrease beyond the noise of their repeats (see
+    :func:`violations`), else None. The profile is fitted non-decreasing either way."""
+    if prof.raw is None:
+        return None
+    found = violations(prof.qs, prof.raw, prof.spread)
+    if not found:
+        return None
+    qa, ta, qb, tb = found[0]
+    return (f"selfspec: the measured verify cost is not monotonic: T({qa}) = {1e3 * ta:.1f} ms > T({qb}) = "
+            f"{1e3 * tb:.1f} ms beyond the spread of {prof.reps} repeats; drafts are sized from a non-decreasing "
+            "fit. A busy machine or a kernel that is slower for fewer rows; measure again on an idle machine "
+            "with `selfspec profile --remeasure`")
+
+
+def write_profile(prof: CostProfile, path: Path) -> None:
+    """Write ``prof`` to ``path`` atomically (raises OSError)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(prof.to_json(), indent=1))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_path(key: str) -> Path | None:
+    """Where the profile of ``key`` is written now (None: nowhere writable), fixed at load so
+    that the exit-time write goes where this process's cache was (tests change the home)."""
+    from ..models.bundled import writable_cache_dir
+
+    d = writable_cache_dir("profiles")
+    return None if d is None else d / profile_path(key).name
+
+
+def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], remeasure: bool = False,
+                      max_q: int = 0, reps: int = MIN_ROUNDS, progress: bool = False,
+                      what: str = "the model") -> tuple[CostProfile, bool]:
+    """The cached profile of ``key`` if it has every q of ``qs`` (or, with ``max_q``, reaches
+    ``max_q``) and is not stale (:func:`stale_reason`); else measured over ``qs`` and the cached
+    qs, cached, and noted when not monotonic. Returns (profile, measured)."""
+    prof = None if remeasure else read_cached(key)
+    again = announced = False
+    if prof is not None:
+        covers = max(prof.qs) >= max_q if max_q else set(qs) <= set(prof.qs)
+        reason = stale_reason(prof)
+        if covers and reason is None:
+            return replace(prof, path=_write_path(key)), False
+        if reason is not None:
+            again = prof.last_drift > DRIFT_REMEASURE
+            print(f"selfspec: {reason}; measuring it again ...", file=sys.stderr)
+            announced = True
+        qs = tuple(sorted(set(qs) | set(prof.qs)))
+    if not announced:
+        print(f"selfspec: measuring the verify cost profile of {what} on this machine (once) ...", file=sys.stderr)
+    prof = replace(measure(model, key, qs, reps=reps, progress=progress), remeasured_for_drift=again)
+    note = monotone_note(prof)
+    if note:
+        print(note, file=sys.stderr)
+    saved = save_cache(key, prof.to_json())
+    return replace(prof, path=saved or _write_path(key)), True
+
+
+CONTENDED_LOAD_PER_CORE = 0.5  # 1-min load average beyond our threads, per core
+CONTENDED_OTHERS_SHARE = 0.25  # share of our CPUs' time used by other processes (and stolen) during the run
+MIN_STAT_WALL_S = 0.5  # shorter runs are judged by the load average alone (/proc/stat ticks are 10 ms)
+
+
+def _cpu_stat(cpus: tuple[int, ...] | None) -> tuple[float, float] | None:
+    """(busy, stolen) seconds of ``cpus`` (all when None) since boot from ``/proc/stat``; None
+    where it cannot be read. Busy counts user, nice, system, irq, softirq and steal time."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    busy = steal = 0
+    found = False
+    for line in lines:
+        name, *vals = line.split()
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        if cpus is not None and int(name[3:]) not in cpus:
+            continue
+        v = [int(x) for x in vals[:8]] + [0] * (8 - len(vals[:8]))  # user nice system idle iowait irq softirq steal
+        busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+        steal += v[7]
+        found = True
+    return (busy / hz, steal / hz) if found else None
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def _sample(cpus: tuple[int, ...] | None) -> tuple[float, float, tuple[float, float] | None, float | None]:
+    """(wall, our process's CPU seconds, :func:`_cpu_stat`, 1-min load average) now."""
+    t = os.times()
+    return time.perf_counter(), t.user + t.system, _cpu_stat(cpus), _loadavg()
+
+
+class LoadMonitor:
+    """Was the machine busy with other work while we timed something?
+
+    ``with LoadMonitor() as load: ...`` samples before and after: the 1-minute load average, and
+    from ``/proc/stat`` the busy time of the CPUs this process may run on, less this process's
+    own CPU time (so: other processes, and time stolen by a hypervisor). The run was contended
+    when other processes used more than ``CONTENDED_OTHERS_SHARE`` of those CPUs' time during
+    it, or when the load average minus our own compute threads exceeded
+    ``CONTENDED_LOAD_PER_CORE`` per core, before or after. Timings of a contended run are noisy.
+    """
+
+    def __init__(self, threads: int | None = None) -> None:
+        try:
+            self.cpus: tuple[int, ...] | None = tuple(sorted(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            self.cpus = None
+        self.cores = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
+        self.threads = threads
+        self.wall = 0.0
+        self.load_before: float | None = None
+        self.load_after: float | None = None
+        self.others_share: float | None = None
+        self.steal_share: float | None = None
+        self._start: tuple | None = None
+
+    def start(self) -> LoadMonitor:
+        if self.threads is None:
+            self.threads = torch.get_num_threads()
+        self._start = _sample(self.cpus)
+        self.load_before = self._start[3]
+        return self
+
+    def stop(self) -> LoadMonitor:
+        if self._start is None:
+            raise RuntimeError("LoadMonitor.stop before start")
+        t0, own0, stat0, _ = self._start
+        t1, own1, stat1, self.load_after = _sample(self.cpus)
+        self.wall = max(t1 - t0, 0.0)
+        if stat0 is not None and stat1 is not None and self.wall > 0:
+            capacity = self.wall * self.cores
+            others = max(stat1[0] - stat0[0] - (own1 - own0), 0.0)
+            self.others_share = min(others / capacity, 1.0)
+            self.steal_share = min(max(stat1[1] - stat0[1], 0.0) / capacity, 1.0)
+        return self
+
+    __enter__ = start
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def load(self) -> float | None:
+        """The larger 1-minute load average of before and after."""
+        vals = [v for v in (self.load_before, self.load_after) if v is not None]
+        return max(vals) if vals else None
+
+    @property
+    def contended(self) -> bool:
+        if self.others_share is not None and self.wall >= MIN_STAT_WALL_S \
+                and self.others_share > CONTENDED_OTHERS_SHARE:
+            return True
+        load = self.load
+        machine = os.cpu_count() or self.cores  # the load average counts every CPU's run queue
+        return load is not None and (load - (self.threads or 1)) > CONTENDED_LOAD_PER_CORE * machine
+
+    def summary(self) -> dict:
+        """What a report records: ``contended`` and the readings it was decided from."""
+        def r(v: float | None) -> float | None:
+            return None if v is None else round(v, 3)
+
+        return {"contended": self.contended, "load_before": r(self.load_before), "load_after": r(self.load_after),
+                "machine_cores": os.cpu_count(), "cores": self.cores, "threads": self.threads,
+                "others_share": r(self.others_share), "steal_share": r(self.steal_share), "wall_s": r(self.wall)}
+
+    def note(self) -> str | None:
+        """One line for stderr when contended, else None."""
+        if not self.contended:
+            return None
+        load = f"load {self.load:.1f}" if self.load is not None else "load unknown"
+        others = (f"; other processes took {self.others_share:.0%} of our {self.cores} CPUs"
+                  if self.others_share is not None and self.wall >= MIN_STAT_WALL_S else "")
+        return (f"selfspec: machine was busy during the timing ({load} on {os.cpu_count() or self.cores} "
+                f"cores{others}): speedups are noisy")

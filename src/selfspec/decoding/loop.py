@@ -12,6 +12,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
+from ..core.cost import profile_of
 from ..core.sampling import sample
 from ..drafters.base import Drafter, Proposal
 from ..models.adapter import forward_block
@@ -24,9 +25,10 @@ def _sync(device: torch.device) -> None:
 
 
 def choose_token(state: DecodeState, logits: torch.Tensor) -> int:
-    """Greedy argmax or a sample from the warped distribution (``logits``: ``[V]``)."""
-    if state.warper.greedy:
-        return int(logits.argmax())
+    """The next token (text index ``len(state.ids)``) from the target's ``[V]`` logits: greedy
+    argmax, the coupled Gumbel-max sample, or a draw with the request's generator."""
+    if state.deterministic:
+        return int(state.scores(logits, len(state.ids)).argmax())
     return sample(state.warper.probs(logits), state.generator)
 
 
@@ -80,10 +82,16 @@ def verify(state: DecodeState, model: torch.nn.Module, proposal: Proposal, want_
 
 
 def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict:
+    """Greedy / coupled: walk the tree along the target's (perturbed) argmax; a node at depth d
+    chooses the token at text index ``len(ids) + d``. Rejection: recursive rejection sampling.
+    A method registered as not lossless may replace the rule whenever it samples."""
     if state.warper.greedy:
         return accept_greedy(proposal.tree, out.tree_logits)
     if proposal.accept_rule is not None:  # a method registered as not lossless (checked in run)
         return proposal.accept_rule(proposal.tree, out.tree_logits, state.warper, state.generator)
+    if state.deterministic:
+        indices = (proposal.tree.depths + len(state.ids)).tolist()
+        return accept_greedy(proposal.tree, state.scores(out.tree_logits, indices))
     return accept_sampling(proposal.tree, out.tree_logits, state.warper, state.generator)
 
 
@@ -91,6 +99,7 @@ def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict
 def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> Iterator[list[int]]:
     """Decode until a stop condition; yields the token ids committed at each step."""
     device = next(model.parameters()).device
+    profile = profile_of(drafter)  # verify times correct it online (used from the next load on)
     yield prefill(state, model, drafter)
     while not state.done:
         t0 = time.perf_counter()
@@ -105,6 +114,10 @@ def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> Iterato
         _sync(device)
         t1 = time.perf_counter()
         out = verify(state, model, proposal, drafter.needs_hidden)
+        if profile is not None:
+            _sync(device)
+            pig = proposal.piggyback
+            profile.observe(tree.size + (pig.tokens.numel() if pig is not None else 0), time.perf_counter() - t1)
         verdict = accept(state, proposal, out)
         kv_cache.commit(state.cache, out.base, verdict.accepted_nodes)
         _sync(device)

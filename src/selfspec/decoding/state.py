@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from ..config import GenerationConfig
-from ..core.sampling import Warper
+from ..core.sampling import GumbelNoise, Warper, perturbed
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class DecodeState:
         cache: the target's KV cache.
         eos_ids: ids that end generation (unless ``cfg.ignore_eos``).
         stop_check: returns how many generated tokens to keep when a stop string completed.
+        noise: the Gumbel noise of ``coupled`` sampling (None when greedy or ``rejection``).
     """
 
     ids: list[int]
@@ -83,8 +84,43 @@ class DecodeState:
     cache: DynamicCache
     eos_ids: frozenset[int]
     stop_check: Callable[[list[int]], int | None] | None = None
+    noise: GumbelNoise | None = None
     finish_reason: str | None = None
     stats: StepStats = field(default_factory=StepStats)
+
+    @property
+    def deterministic(self) -> bool:
+        """Every token is the argmax of :meth:`scores` (greedy, or ``coupled`` sampling): the
+        output does not depend on the draft, and verification is a greedy tree walk."""
+        return self.warper.greedy or self.noise is not None
+
+    @property
+    def rejection(self) -> bool:
+        """``rejection`` sampling: the text depends on the drafts, so drafters must size them
+        from nothing but the request itself and the load-time cost profile (no wall clock, no
+        state from earlier requests) for a seed to reproduce a sample."""
+        return not self.deterministic
+
+    def scores(self, logits: torch.Tensor, indices: int | list[int]) -> torch.Tensor:
+        """What the choice of a token is the argmax of, when :attr:`deterministic`.
+
+        Args:
+            logits: ``[V]`` or ``[N, V]`` raw logits (of the target, or a draft's guess of them).
+            indices: the text index (position in ``ids``) of the token each row chooses: an int
+                for ``[V]``, a list of N ints for ``[N, V]``.
+
+        Returns:
+            the logits themselves when greedy; warped logits + Gumbel noise when ``coupled``.
+        """
+        if self.warper.greedy:
+            return logits
+        if self.noise is None:
+            raise RuntimeError("DecodeState.scores is only defined for greedy or coupled sampling")
+        return perturbed(logits, self.warper, self.noise, indices)
+
+    def draft_index(self, depth: int) -> int:
+        """Text index of a drafted token at tree depth ``depth`` (the pending token is depth 0)."""
+        return len(self.ids) - 1 + depth
 
     @property
     def pending(self) -> int:

@@ -88,3 +88,49 @@ class IncrementalDetokenizer:
         piece = text[len(self.emitted) :] if text.startswith(self.emitted) else text
         self.emitted = text
         return piece
+
+
+def text_before_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` cut before the earliest occurrence of any stop string (unchanged if none)."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+class StopTextFilter:
+    """Streams text without the stop string: holds back any tail that could be the start of a
+    stop string, and drops the stop string (and anything after it) once it appears.
+
+    ``push`` takes the next text piece and returns what may be shown now; ``flush`` returns the
+    held-back rest at the end (nothing of it past a stop string when ``stopped``).
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.held = ""
+        self.ended = False
+
+    def push(self, piece: str) -> str:
+        if not self.stops:
+            return piece
+        if self.ended:
+            return ""
+        self.held += piece
+        cut = text_before_stop(self.held, self.stops)
+        if len(cut) < len(self.held):  # a stop string is complete: nothing after it is shown
+            self.ended, self.held = True, ""
+            return cut
+        keep = 0  # the longest tail of held that is a proper prefix of a stop string
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.held)), keep, -1):
+                if self.held.endswith(s[:n]):
+                    keep = n
+                    break
+        out, self.held = self.held[: len(self.held) - keep], self.held[len(self.held) - keep :]
+        return out
+
+    def flush(self, stopped: bool) -> str:
+        """The held-back text at the end of generation."""
+        rest, self.held = self.held, ""
+        if self.ended:
+            return ""
+        return text_before_stop(rest, self.stops) if stopped else rest

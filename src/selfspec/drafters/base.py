@@ -8,6 +8,7 @@ verdict to roll back its own state and adapt its budget.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -92,3 +93,32 @@ class NullDrafter:
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         pass
+
+
+def _request_state_attrs(drafter) -> list[str]:
+    """Attributes of a drafter that adapt during requests: the budget and acceptance estimators
+    (objects defined in ``selfspec.drafters``) and plain numbers. Models, caches, tensors and
+    generators are excluded: drafters reset those in ``prefill``."""
+    names = []
+    for k, v in vars(drafter).items():
+        mod = type(v).__module__ or ""
+        if mod.startswith("selfspec.drafters") or isinstance(v, (int, float)):
+            names.append(k)
+    return names
+
+
+def snapshot_request_state(drafter) -> dict:
+    """A copy of what a drafter learns across requests (see :func:`restore_request_state`)."""
+    return {k: copy.deepcopy(getattr(drafter, k)) for k in _request_state_attrs(drafter)}
+
+
+def restore_request_state(drafter, snapshot: dict) -> None:
+    """Reset a drafter's learned budget state to ``snapshot``.
+
+    Under ``rejection`` sampling the draft lengths change how much randomness a step consumes,
+    so the text depends on them; restoring the state from load time before each such request
+    makes a seeded sample independent of earlier requests. Greedy and ``coupled`` outputs never
+    depend on drafts, so there the estimates carry over and keep improving.
+    """
+    for k, v in snapshot.items():
+        setattr(drafter, k, copy.deepcopy(v))

@@ -58,6 +58,13 @@ def check_same_tokenizer(target_tok, draft_tok, target_vocab: int, draft_vocab: 
         )
 
 
+def _to_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft logits ``[V_draft]`` cut or padded (with -inf) to the target's vocabulary size."""
+    if logits.numel() >= vocab:
+        return logits[:vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - logits.numel()), value=float("-inf"))
+
+
 class DraftModelDrafter:
     name = "draft-model"
     lossless = True
@@ -109,8 +116,10 @@ class DraftModelDrafter:
         confidences: list[float] = []
         p_all = 1.0
         for i in range(k):
-            if state.warper.greedy:
-                probs = logits.softmax(-1)
+            if state.deterministic:  # greedy, or coupled: the same Gumbel noise as the target's
+                if logits.numel() != self.target_vocab:
+                    logits = _to_vocab(logits, self.target_vocab)
+                probs = state.scores(logits, state.draft_index(i + 1)).softmax(-1)
                 x = int(probs.argmax())
                 conf = float(probs[x])
             else:
@@ -143,5 +152,6 @@ class DraftModelDrafter:
         self.length = min(self.length, len(state.ids) - 1)
         kv_cache.truncate(self.cache, self.length)
         if self._drafted:
-            self.budget.update(proposal.tree.size - 1, verdict.num_accepted, self._last_draft_s, self._drafted)
+            seconds = None if state.rejection else self._last_draft_s  # rejection: no wall clock
+            self.budget.update(proposal.tree.size - 1, verdict.num_accepted, seconds, self._drafted)
         self._drafted = 0

@@ -208,7 +208,7 @@ class EagleDrafter:
         idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
         new = out.hidden[-1].index_select(0, idx).to(self.dtype)  # root + accepted drafts
         self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
-        if self._t_proposed is not None:  # a drafted step: its cost and yield
+        if self._t_proposed is not None and not state.rejection:  # a drafted step: its cost and yield
             self.backoff.record(verdict.num_accepted + 1, self._draft_s + time.perf_counter() - self._t_proposed)
             self._t_proposed = None
 
@@ -227,10 +227,17 @@ class EagleDrafter:
                         mask[None, None], self.cache)
         return out[0]
 
-    def _logprobs(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft log-probabilities ``[T, V]``, at least fp32 (fp64 heads stay fp64)."""
+    def _logprobs(self, h: torch.Tensor, state: DecodeState | None = None, depth: int = 1) -> torch.Tensor:
+        """Draft log-probabilities ``[T, V]`` of tokens at tree depth ``depth``, at least fp32
+        (fp64 heads stay fp64). With coupled sampling they are those of the warped logits plus
+        the target's Gumbel noise at that depth, so the tree ranks the tokens the target will
+        pick with that noise."""
         logits = self.lm_head(h)
-        return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if state is not None and state.deterministic and not state.warper.greedy:
+            index = state.draft_index(depth)
+            logits = state.scores(logits, [index] * logits.shape[0])
+        return torch.log_softmax(logits, dim=-1)
 
     @torch.no_grad()
     def catch_up(self, ids: list[int]) -> torch.Tensor:
@@ -250,11 +257,15 @@ class EagleDrafter:
         return out[-1]
 
     @torch.no_grad()
-    def expand(self, h_last: torch.Tensor, position: int) -> Pool:
+    def expand(self, h_last: torch.Tensor, position: int, state: DecodeState | None = None) -> Pool:
         """EAGLE-2 expansion from the root's estimated feature ``h_last`` (``[H]``); the
-        depth-1 nodes sit at draft position ``position``."""
+        depth-1 nodes sit at draft position ``position``. With ``state`` under rejection
+        sampling the expansion never stops on wall-clock cost (the tree must depend on the
+        request alone); with coupled sampling the draft uses the target's noise."""
         cfg = self.cfg
-        lp = self._logprobs(h_last[None])[0]
+        timed = state is None or not state.rejection
+        depth = 1
+        lp = self._logprobs(h_last[None], state, depth)[0]
         k = min(cfg.top_k, lp.numel())
         s1, tok1 = torch.topk(lp, k)
         scores, tokens, parents = [s1], [tok1], [torch.full((k,), -1, dtype=torch.long)]
@@ -268,12 +279,14 @@ class EagleDrafter:
                 break
             # the next level adds at most sum(frontier path probabilities) expected tokens; stop
             # when even that is worth less than the level costs (one ar step per token)
-            if self.profile is not None and level_s > 0 and float(f_score.exp().sum()) * self.profile.t1 < level_s:
+            if (timed and self.profile is not None and level_s > 0
+                    and float(f_score.exp().sum()) * self.profile.t1 < level_s):
                 break
             t0 = time.perf_counter()
             out = self._run(f_feat, f_tok, torch.full((k,), position), tmask)
             position += 1
-            clp, ctok = torch.topk(self._logprobs(out), k, dim=-1)  # [k, k]
+            depth += 1
+            clp, ctok = torch.topk(self._logprobs(out, state, depth), k, dim=-1)  # [k, k]
             cum = (f_score[:, None] + clp).flatten()
             scores.append(cum)
             tokens.append(ctok.flatten())
@@ -292,12 +305,13 @@ class EagleDrafter:
             return Proposal(DraftTree.chain([state.pending]))
         t0 = time.perf_counter()
         h_last = self.catch_up(state.ids)
-        pool = self.expand(h_last, self.length)
+        pool = self.expand(h_last, self.length, state)
         kv_cache.truncate(self.cache, self.length)
         if self.cfg.total_tokens:
             n = self.cfg.total_tokens - 1
         else:
-            n = best_size(pool.scores.exp(), time.perf_counter() - t0, self.profile, self.cfg.max_tokens)
+            spent = 0.0 if state.rejection else time.perf_counter() - t0  # rejection: no wall clock
+            n = best_size(pool.scores.exp(), spent, self.profile, self.cfg.max_tokens)
         n = min(n, pool.scores.numel())
         if n == 0:
             return Proposal(DraftTree.chain([state.pending]))

@@ -71,5 +71,10 @@ class JacobiDrafter:
         k = proposal.tree.size - 1
         a = verdict.num_accepted
         self.budget.update(k, a)
-        shifted = out.tree_logits[a + 1 : k + 1].argmax(-1).tolist() if k > a else []
+        shifted: list[int] = []
+        if k > a:
+            logits = out.tree_logits[a + 1 : k + 1]
+            if state.deterministic and not state.warper.greedy:  # coupled: the noised argmax
+                logits = state.scores(logits, [state.draft_index(d + 1) for d in range(k - a)])
+            shifted = logits.argmax(-1).tolist()
         self.guesses = (shifted + self.guesses[k + 1 :])[: self.cfg.m]

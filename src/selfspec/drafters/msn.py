@@ -255,4 +255,7 @@ class MsnDrafter:
             node = children[node][0]
             rows.append(node)
         k = min(TOP_K, out.tree_logits.shape[-1])
-        self.topk = out.tree_logits[rows].topk(k, dim=-1).indices.tolist() if rows else []
+        logits = out.tree_logits[rows]
+        if rows and state.deterministic and not state.warper.greedy:  # coupled: rank by the noised logits
+            logits = state.scores(logits, [state.draft_index(d + 1) for d in range(len(rows))])
+        self.topk = logits.topk(k, dim=-1).indices.tolist() if rows else []

@@ -170,6 +170,11 @@ class SdsatDrafter:
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.drafts = None
 
+    def _deterministic(self, state: DecodeState) -> bool:
+        """Draft argmax tokens (greedy, or coupled sampling); ``sdsat-lossy`` samples its drafts
+        whenever it samples, for the paper's sample-and-match rule."""
+        return state.warper.greedy or (self.lossless and state.deterministic)
+
     def _adaptive(self, k: int) -> torch.Tensor:
         return torch.tensor([self.ids[min(j, len(self.ids)) - 1] for j in range(1, k + 1)], dtype=torch.long)
 
@@ -181,7 +186,7 @@ class SdsatDrafter:
         room = state.draft_room - 1  # the draft step itself commits one token first
         if room <= 0:
             self.k = 0
-        elif state.warper.greedy or not self.levels:
+        elif self._deterministic(state) or not self.levels:
             self.k = self.budget.choose(room)
         else:  # the fixed sampling tree (cut to depth k when k is fixed): draft its depth, or not at all
             depth = min(len(self.levels), self.cfg.k or len(self.levels))
@@ -196,8 +201,9 @@ class SdsatDrafter:
 
     def _verify_tree(self, state: DecodeState, logits: torch.Tensor) -> DraftTree:
         """The verify step's tree rooted at the pending token (``logits``: ``[k, V]``)."""
-        if state.warper.greedy:
-            return DraftTree.chain([state.pending] + logits.argmax(-1).tolist())
+        if self._deterministic(state):  # greedy, or coupled: the same Gumbel noise as the target's
+            scores = state.scores(logits, [state.draft_index(j + 1) for j in range(logits.shape[0])])
+            return DraftTree.chain([state.pending] + scores.argmax(-1).tolist())
         q = state.warper.probs(logits)
         if not self.levels:
             toks = [sample(q[j], state.generator) for j in range(q.shape[0])]

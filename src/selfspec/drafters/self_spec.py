@@ -170,7 +170,7 @@ class SelfSpecDrafter:
             return Proposal(DraftTree.chain([state.pending]))
         t0 = time.perf_counter()
         base = kv_cache.cache_length(state.cache)
-        greedy = state.warper.greedy
+        det = state.deterministic  # greedy, or coupled: the same Gumbel noise as the target's
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         confidences: list[float] = []
@@ -179,8 +179,8 @@ class SelfSpecDrafter:
             with skip_sublayers(self.model, self.skip):
                 for i in range(k):
                     logits = draft_forward(self.model, state.cache, [x], base + i)[-1]
-                    if greedy:
-                        probs = logits.softmax(-1)
+                    if det:
+                        probs = state.scores(logits, state.draft_index(i + 1)).softmax(-1)
                         x = int(probs.argmax())
                         conf = float(probs[x])
                     else:
@@ -210,6 +210,7 @@ class SelfSpecDrafter:
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         verified = proposal.tree.size - 1
         if self._drafted:
-            self.budget.update(verified, verdict.num_accepted, self._last_draft_s, self._drafted)
+            seconds = None if state.rejection else self._last_draft_s  # rejection: no wall clock
+            self.budget.update(verified, verdict.num_accepted, seconds, self._drafted)
             self.gamma.update(verdict.num_accepted, verified)
         self._drafted = 0

@@ -149,8 +149,8 @@ class SpaceDrafter:
         k = proposal.piggyback.tokens.numel() // proposal.tree.size
         g = verdict.num_accepted  # the group anchored after the last accepted token
         logits = out.piggyback_logits[g * k : (g + 1) * k].float()
-        if state.warper.greedy:
-            self.cands = logits.argmax(-1).tolist()
+        if state.warper.greedy or (self.lossless and state.deterministic):  # coupled: the target's noise
+            self.cands = state.scores(logits, [state.draft_index(j + 1) for j in range(k)]).argmax(-1).tolist()
             return
         self.probs = state.warper.probs(logits)
         self.cands = [sample(self.probs[j], state.generator) for j in range(k)]

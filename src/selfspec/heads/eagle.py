@@ -139,6 +139,12 @@ def read_meta(path: Path | str) -> dict:
     """The head's ``selfspec_head.json``; one-line errors for a missing or foreign directory."""
     path = Path(path)
     f = path / META_FILE
+    if not path.exists():
+        raise SelfspecError(f"head directory {path} does not exist; pass a directory written by "
+                            "`selfspec train hass --model MODEL --out DIR`")
+    if not path.is_dir():
+        raise SelfspecError(f"head {path} is a file, not a directory; pass a directory written by "
+                            "`selfspec train hass --model MODEL --out DIR`")
     if not f.is_file():
         raise SelfspecError(f"{path} is not a selfspec draft head (no {META_FILE}); train one with "
                             "`selfspec train hass --model MODEL --out DIR`")

@@ -14,7 +14,7 @@ import sys
 
 from torch import nn
 
-from ..core.cost import measure, profile_key, profile_path
+from ..core.cost import measure, profile_key, profile_path, save_cache
 from . import onednn
 
 ROUNDS = 3
@@ -62,10 +62,6 @@ def choose(model: nn.Module, model_name: str) -> str:
     choice = min(costs, key=costs.get)
     print(f"selfspec: {choice} kernels are the fastest here ("
           + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in costs.items()) + " for T(1) + T(4))", file=sys.stderr)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"backend": choice, "seconds": costs}, indent=1))
-    except OSError as e:  # a read-only cache: measured again next time, not an error
-        print(f"selfspec: could not cache the kernels choice in {path.parent} ({e.strerror}); set SELFSPEC_HOME "
-              "to a writable directory", file=sys.stderr)
+    # a read-only home: the per-user cache, else measured again next time (a note, not an error)
+    save_cache(profile_key(model, model_name, "auto-choice"), {"backend": choice, "seconds": costs}, "kernels choice")
     return choice

