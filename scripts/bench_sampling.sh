@@ -11,8 +11,8 @@ METHODS=${METHODS:-ar,pld,jacobi,self-spec,eagle2}
 for t in 0.7 1.0; do
   for s in coupled rejection; do
     "$SELFSPEC" bench --model smollm2-135m-instruct --methods "$METHODS" --dataset builtin --per-category 1 \
-        --max-new-tokens 64 --temperature "$t" --seed 1 --sampling "$s" --out "$OUT/sampling-smollm2-t$t-$s" --resume
+        --max-new-tokens 64 --temperature "$t" --seed 1 --sampling "$s" ${BENCH_ARGS:-} --out "$OUT/sampling-smollm2-t$t-$s" --resume
   done
 done
 "$SELFSPEC" bench --model smollm2-135m-instruct --methods "$METHODS" --dtype bfloat16 --dataset builtin \
-    --per-category 1 --max-new-tokens 64 --out "$OUT/bf16-smollm2" --resume
+    --per-category 1 --max-new-tokens 64 ${BENCH_ARGS:-} --out "$OUT/bf16-smollm2" --resume

@@ -241,10 +241,10 @@ def test_models_list_marks_the_default_once(capsys):
 
 
 def test_models_list_names_the_user_cache_of_a_read_only_home(capsys, monkeypatch, tmp_path):
-    from selfspec.models import bundled
+    from selfspec import paths
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(bundled, "_can_write", lambda d: not str(d).startswith(bundled.selfspec_home().as_posix()))
+    monkeypatch.setattr(paths, "can_write", lambda d: not str(d).startswith(paths.selfspec_home().as_posix()))
     code, out, err = run(capsys, "models", "list")
     assert code == 0 and f"go to {tmp_path / 'xdg' / 'selfspec-user'}" in out
 

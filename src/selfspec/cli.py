@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from .config import SAMPLING_MODES, seed_arg
 from .errors import SelfspecError
+from .options import method_options
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -123,65 +124,6 @@ def _add_gen_args(p: argparse.ArgumentParser) -> None:
                         "for every method (default); rejection: speculative rejection sampling, lossless in "
                         "distribution but the text depends on the draft")
     p.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
-
-
-def method_options(args: argparse.Namespace, method: str, strict: bool = True) -> dict:
-    """Method keyword options from CLI flags (``strict``: refuse flags the method does not use)."""
-    opts: dict = {}
-    if method == "auto":  # auto chooses the method and its settings; it only takes a draft model
-        given = [flag for flag, v in (("--skip-config", args.skip_config), ("--draft-exit", args.draft_exit),
-                                      ("--head", args.head), ("--tree-tokens", args.tree_tokens),
-                                      ("--tree-top-k", args.tree_top_k), ("--tree-depth", args.tree_depth),
-                                      ("--sdsat-tree", args.sdsat_tree), ("--adaptive-ids", args.adaptive_ids),
-                                      ("--mask-id", args.mask_id), ("--k", args.k), ("--fixed-k", args.fixed_k))
-                 if v not in (None, False)]
-        if given and strict:
-            raise SelfspecError(f"{given[0]} does not apply to --method auto, which chooses the method and its "
-                                "settings itself; name a method (e.g. --method pld) to set its options")
-        return {"draft_model": args.draft_model} if args.draft_model else {}
-    if method == "draft-model" or (args.draft_model and strict):
-        if method != "draft-model":
-            raise SelfspecError(f"--draft-model is only used by --method draft-model, not {method}")
-        opts["draft_model"] = args.draft_model or ""
-    if method == "self-spec":
-        if args.skip_config:
-            opts["skip_config"] = args.skip_config
-        if args.draft_exit:
-            opts["draft_exit"] = args.draft_exit
-    elif (getattr(args, "skip_config", None) or getattr(args, "draft_exit", None)) and strict:
-        raise SelfspecError(f"--skip-config/--draft-exit are only used by --method self-spec, not {method}")
-    tree = {"head": getattr(args, "head", None), "total_tokens": getattr(args, "tree_tokens", None),
-            "top_k": getattr(args, "tree_top_k", None), "depth": getattr(args, "tree_depth", None)}
-    if method in ("eagle2", "hass"):
-        opts.update({k: v for k, v in tree.items() if v is not None})
-    elif any(v is not None for v in tree.values()) and strict:
-        raise SelfspecError(f"--head/--tree-tokens/--tree-top-k/--tree-depth are only used by eagle2 and hass, "
-                            f"not {method}")
-    sd = {"tree": getattr(args, "sdsat_tree", None), "adaptive_ids": getattr(args, "adaptive_ids", None)}
-    if method in ("sdsat", "sdsat-lossy"):
-        opts.update({k: v for k, v in sd.items() if v is not None})
-        if args.k is not None:
-            opts["k"] = args.k
-    elif any(v is not None for v in sd.values()) and strict:
-        raise SelfspecError(f"--sdsat-tree/--adaptive-ids are only used by sdsat, not {method}")
-    if method in ("space", "space-lossy"):
-        if getattr(args, "mask_id", None) is not None:
-            opts["mask_id"] = args.mask_id
-        if args.k is not None:
-            opts["k"] = args.k
-    elif getattr(args, "mask_id", None) is not None and strict:
-        raise SelfspecError(f"--mask-id is only used by space, not {method}")
-    if method in ("pld", "draft-model", "self-spec", "jacobi"):
-        if args.k is not None:
-            opts["m" if method == "jacobi" else "k"] = args.k
-        if args.fixed_k:
-            opts["auto_m" if method == "jacobi" else "auto_k"] = False
-    elif method == "msn":
-        if args.k is not None:  # nodes of the TR-Jacobi tree: fixed with --fixed-k, else the most considered
-            opts["tree_size" if args.fixed_k else "max_nodes"] = args.k
-    elif (args.k is not None and not method.startswith(("sdsat", "space")) or args.fixed_k) and strict:
-        raise SelfspecError(f"--k/--fixed-k do not apply to --method {method}")
-    return opts
 
 
 def _gen_kwargs(args: argparse.Namespace) -> dict:
@@ -337,6 +279,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from . import paths
     from .models import bundled
 
     if args.models_cmd == "pull":
@@ -353,18 +296,20 @@ def cmd_models(args: argparse.Namespace) -> int:
         state = "pulled" if (d / bundled.MANIFEST).is_file() else "not pulled"
         shipped = "" if (bundled.adapter_dir(name) / "selfspec_finetune.json").is_file() else f" [build: {f.build}]"
         print(f"{name:30s} {state:11s} {f.method:6s} {'(base licence)':22s} {f.note}{shipped}")
-    print(f"cache: {bundled.selfspec_home()} (set SELFSPEC_HOME to move it)")
-    w = bundled.writable_cache_dir("profiles")
-    if w != bundled.selfspec_home() / "profiles":  # a read-only (shared) home: used read-only
+    print(f"cache: {paths.selfspec_home()} (set SELFSPEC_HOME to move it)")
+    w = paths.writable_cache_dir("profiles")
+    if w != paths.selfspec_home() / "profiles":  # a read-only (shared) home: used read-only
         print(f"the cache is read-only: cost profiles and choices go to {w.parent if w else 'nowhere (not cached)'}")
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench.runner import run_cli
+    from .bench.runner import BenchOptions, run_bench
+    from .registry import METHODS
 
     _setup(args)
-    return run_cli(args)
+    flags = {m: method_options(args, m, strict=False) for m in (*METHODS, "auto") if m != "ar"}
+    return run_bench(BenchOptions.from_namespace(args, flags))
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -45,8 +45,21 @@ class InvariantChecker:
         self.inner.observe(state, proposal, verdict, out)
 
 
-@pytest.fixture(scope="module", params=[(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+BACKENDS = [(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8")]
+
+
+def _backend(p: tuple[str, str], marks=()):
+    return pytest.param(p, id=f"{p[0]}-{p[1]}", marks=marks)
+
+
+# Every method runs on every backend; the default tier keeps `stock` and leaves the `onednn` and
+# `int8` cases of the methods to the `matrix` tier (CI's second command). `ar` and the scripted
+# drafter, which exercise the loop itself, run on every backend in the default tier
+# (``@ALL_BACKENDS``, which overrides the fixture's params).
+ALL_BACKENDS = pytest.mark.parametrize("target", [_backend(p) for p in BACKENDS], indirect=True)
+
+
+@pytest.fixture(scope="module", params=[_backend(p, () if p[1] == "stock" else pytest.mark.matrix) for p in BACKENDS])
 def target(request, tiny_dir, tiny_qwen_dir):
     family, kernels = request.param
     t = load_model(str(tiny_dir if family == "llama" else tiny_qwen_dir), kernels=kernels)
@@ -62,6 +75,7 @@ def references(target):
     return [hf_greedy(target.model, p, MAX_NEW) for p in PROMPTS]
 
 
+@ALL_BACKENDS
 def test_ar_matches_generate(target, references):
     g = selfspec.load(target, "ar")
     for p, ref in zip(PROMPTS, references):
@@ -71,6 +85,7 @@ def test_ar_matches_generate(target, references):
         assert r.steps == r.new_tokens
 
 
+@ALL_BACKENDS
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("j", range(K + 1))
 def test_scripted_right_for_exactly_j(target, references, j, tree):
@@ -86,6 +101,7 @@ def test_scripted_right_for_exactly_j(target, references, j, tree):
             assert all(c == min(j, K) + 1 for c in full_steps), full_steps
 
 
+@ALL_BACKENDS
 def test_all_accepted_gives_k_plus_one(target, references):
     g = selfspec.load(target, "ar", self_test=False)
     ref = references[2]

@@ -39,6 +39,7 @@ def smol_refs(smollm2):
     ("jacobi", {"m": 4, "auto_m": False}),
     ("msn", {"tree_size": 68}),  # the paper's TR-Jacobi tree
 ])
+@pytest.mark.real_model
 def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
     prompts, refs = smol_refs
     if opts.get("draft_model") == "smollm2":  # the target drafting for itself: all accepted
@@ -74,6 +75,7 @@ def smol_fast(request):
     ("pld", {}),
     ("draft-model", {"draft_model": "self", "k": 4, "auto_k": False}),
 ])
+@pytest.mark.real_model
 def test_smollm2_fast_kernels_greedy(smol_fast, smol_refs, method, opts):
     """onednn (fp32): identical to ``transformers`` ``generate`` on the stock fp32 model. int8: identical to
     ``generate`` on the same int8 model (it is a different model from the fp32 one)."""
@@ -112,6 +114,7 @@ SELF_SPEC_PROMPTS = 6  # of the 20; the tiny-model suite covers backends and ski
     {"k": 3, "auto_k": False},  # the shipped skip config, drafting every step
     {"draft_exit": "gamma"},  # the paper's exit, backing off when drafts do not pay
 ], ids=["fixed-k", "gamma"])
+@pytest.mark.real_model
 def test_smollm2_self_spec_shipped_config(smollm2, smol_refs, opts):
     prompts, refs = smol_refs
     g = selfspec.load(smollm2, "self-spec", self_test=False, **opts)
@@ -126,6 +129,7 @@ def test_smollm2_self_spec_shipped_config(smollm2, smol_refs, opts):
 EAGLE_PROMPTS = 2
 
 
+@pytest.mark.real_model
 def test_smollm2_eagle_random_head_full_trees(smollm2, smol_refs):
     """A random head on the real model with the paper's tree shape (fewer nodes): deep trees of
     (mostly wrong) drafts, verified with tree masks on a real 30-layer model."""
@@ -137,6 +141,7 @@ def test_smollm2_eagle_random_head_full_trees(smollm2, smol_refs):
 
 
 @pytest.mark.parametrize("method", ["eagle2", "hass"])
+@pytest.mark.real_model
 def test_smollm2_shipped_heads(smollm2, smol_refs, method):
     """The heads shipped in the package (`--method eagle2|hass` with no --head), on trees that
     always draft: identical to generate, and their drafts are accepted."""
@@ -168,6 +173,7 @@ def smol_sdsat():
     return shipped_finetune("sdsat")
 
 
+@pytest.mark.real_model
 def test_smollm2_sdsat_finetune_greedy(smol_sdsat):
     """On the shipped fine-tune: sdsat (fixed k and cost-sized) == ar == generate, the adaptive
     token never appears, and drafts are accepted (the fine-tune learned to draft)."""
@@ -195,6 +201,7 @@ def smol_space():
     return shipped_finetune("space")
 
 
+@pytest.mark.real_model
 def test_smollm2_space_finetune_greedy(smol_space):
     """On the shipped fine-tune: space (the paper's k = 5 and cost-sized) == ar == generate, the
     mask token never appears, and candidates are accepted (the fine-tune learned to draft)."""
@@ -221,6 +228,7 @@ def smol_msn():
     return shipped_finetune("msn")
 
 
+@pytest.mark.real_model
 def test_smollm2_msn_finetune_greedy(smol_msn):
     """On the shipped MSN fine-tune: jacobi (m = 4) and msn (the paper's 68-node tree and the
     cost-sized one) == ar == generate, and guesses are accepted."""

@@ -33,7 +33,13 @@ def test_stop_string_and_streaming(tiny_dir):
     r = g.generate("w3 w4 w5", max_new_tokens=16, chat=False, stop=[stop], ignore_eos=True)
     assert r.finish_reason == "stop"
     assert r.token_ids == full.token_ids[: len(r.token_ids)]
-    assert stop in r.text and stop not in g.tokenizer.decode(r.token_ids[:-1])
+    assert stop not in g.tokenizer.decode(r.token_ids[:-1]) and stop in g.tokenizer.decode(r.token_ids)
+    assert stop not in r.text  # the text ends before the stop string (OpenAI semantics) ...
+    kept = g.generate("w3 w4 w5", max_new_tokens=16, chat=False, stop=[stop], ignore_eos=True, include_stop=True)
+    assert kept.token_ids == r.token_ids and kept.text.endswith(stop)  # ... unless include_stop
+    assert kept.text.startswith(r.text)
+    streamed = "".join(g.stream("w3 w4 w5", max_new_tokens=16, chat=False, stop=[stop], ignore_eos=True))
+    assert streamed == r.text
     pieces = list(g.stream("w3 w4 w5", max_new_tokens=16, chat=False, ignore_eos=True))
     assert "".join(pieces) == g.tokenizer.decode(full.token_ids, skip_special_tokens=True)
     assert g.last_result.token_ids == full.token_ids

@@ -3,14 +3,17 @@ of a deterministic model (every guess becomes right), and errors."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import selfspec
 from selfspec.core.acceptance import Verdict
+from selfspec.core.sampling import Warper
 from selfspec.core.tree import DraftTree
+from selfspec.decoding.protocol import Proposal
 from selfspec.decoding.state import VerifyOutput
-from selfspec.drafters.base import Proposal
 from selfspec.drafters.budget import ChainBudget
 from selfspec.drafters.jacobi import JacobiConfig, JacobiDrafter
 from selfspec.errors import SelfspecError
@@ -34,7 +37,8 @@ def test_shift_after_a_accepted(a):
     tree = DraftTree.chain([10, 11, 12, 13, 14])
     preds = [20, 21, 22, 23, 24]
     out = VerifyOutput(base=0, tree_logits=one_hot_logits(preds))
-    d.observe(None, Proposal(tree), Verdict(list(range(a + 1)), preds[a]), out)
+    greedy = SimpleNamespace(warper=Warper(0.0), deterministic=True)  # what observe reads of the state
+    d.observe(greedy, Proposal(tree), Verdict(list(range(a + 1)), preds[a]), out)
     assert d.guesses == preds[a + 1 :] + [16]
 
 

@@ -12,7 +12,7 @@ from selfspec.core import kv_cache
 from selfspec.core.cost import CostProfile
 from selfspec.core.tree import DraftTree
 from selfspec.decoding import loop
-from selfspec.drafters.base import Proposal
+from selfspec.decoding.protocol import Proposal
 from selfspec.drafters.budget import PositionalAcceptance
 from selfspec.drafters.sdsat import (
     PAPER_TREE,

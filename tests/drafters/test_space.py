@@ -18,8 +18,8 @@ from selfspec.core.mask_groups import mask_groups
 from selfspec.core.sampling import Warper
 from selfspec.core.tree import DraftTree
 from selfspec.decoding import loop
+from selfspec.decoding.protocol import Piggyback, Proposal
 from selfspec.decoding.state import VerifyOutput
-from selfspec.drafters.base import Proposal
 from selfspec.drafters.space import SpaceAcceptance, accept_paper, step_tokens
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
@@ -97,12 +97,20 @@ def test_candidates_come_from_the_group_after_the_last_accepted(target, acc):
         for j in range(k):
             logits[gi * k + j, 10 * gi + j + 4] = 5.0
     tree = DraftTree.chain([1, 2, 3, 4])
-    pig = selfspec.drafters.base.Piggyback(torch.full((groups * k,), MASK), torch.arange(groups * k),
-                                           torch.ones(groups * k, 4 + groups * k, dtype=torch.bool))
+    pig = Piggyback(torch.full((groups * k,), MASK), torch.arange(groups * k),
+                    torch.ones(groups * k, 4 + groups * k, dtype=torch.bool))
 
-    class S:
+    class S:  # a greedy decode state, as far as observe reads it
         warper = Warper(0.0)
         generator = None
+        deterministic = True
+        ids = [0, 1, 2, 3]
+
+        def scores(self, logits, indices):
+            return logits
+
+        def draft_index(self, depth):
+            return len(self.ids) - 1 + depth
 
     d.observe(S(), Proposal(tree, pig), Verdict(list(range(acc + 1)), 7), VerifyOutput(0, torch.zeros(4, VOCAB),
                                                                                        logits))

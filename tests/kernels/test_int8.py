@@ -108,6 +108,7 @@ def block_differences(model, ids: list[int], prefix: int, qs) -> list[float]:
     return worst
 
 
+@pytest.mark.real_model
 @torch.inference_mode()
 def test_verify_logits_bit_identical_to_one_token_decoding(smol_int8):
     text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n" * 2
@@ -116,6 +117,7 @@ def test_verify_logits_bit_identical_to_one_token_decoding(smol_int8):
     assert block_differences(smol_int8.model, ids, 12, range(1, 17)) == [0.0] * 16
 
 
+@pytest.mark.real_model
 @torch.inference_mode()
 def test_negative_control_batched_attention_breaks_bit_identity(smol_int8):
     """The same check fails with int8 linears but the stock batched attention: the test can fail."""
@@ -129,9 +131,14 @@ def test_negative_control_batched_attention_breaks_bit_identity(smol_int8):
     assert max(worst) > 0
 
 
+@pytest.mark.real_model
 @torch.inference_mode()
-def test_tree_rows_bit_identical_to_their_paths(smol_int8, tiny_dir):
+def test_tree_rows_bit_identical_to_their_paths(smol_int8):
     assert tree_self_test(smol_int8.model) == 0.0
+
+
+@torch.inference_mode()
+def test_tree_rows_bit_identical_to_their_paths_tiny(tiny_dir):
     tiny = load_model(str(tiny_dir), kernels="int8")
     assert tree_self_test(tiny.model) == 0.0
 

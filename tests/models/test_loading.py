@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 import selfspec
+from selfspec import paths
 from selfspec.errors import SelfspecError
 from selfspec.models import bundled
 from selfspec.models.loading import load_model, resolve_path
@@ -161,18 +162,18 @@ def test_pull_into_an_unwritable_home_is_one_line_exit_2(shared_home, monkeypatc
 
 def test_writable_cache_dir_falls_back_to_the_user_cache(shared_home, monkeypatch, tmp_path):
     home, user = shared_home
-    assert bundled.writable_cache_dir("profiles") == user / "profiles"
+    assert paths.writable_cache_dir("profiles") == user / "profiles"
     monkeypatch.delenv("SELFSPEC_HOME")
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path / "writable"))
-    assert bundled.writable_cache_dir("profiles") == tmp_path / "writable" / "profiles"
+    assert paths.writable_cache_dir("profiles") == tmp_path / "writable" / "profiles"
 
 
 def test_nowhere_writable_skips_the_cache_with_a_note(shared_home, monkeypatch, capsys):
     home, user = shared_home
     _read_only(monkeypatch, home, user.parent)
     try:
-        assert bundled.writable_cache_dir("profiles") is None
-        assert bundled.write_cache_file("profiles", "x.json", "{}", "cost profile") is None
+        assert paths.writable_cache_dir("profiles") is None
+        assert paths.write_cache_file("profiles", "x.json", "{}", "cost profile") is None
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "could not cache the cost profile" in err and "SELFSPEC_HOME" in err
     finally:

@@ -85,6 +85,7 @@ def _masked(ex) -> list[int]:
     return ex.input_ids[ex.loss_mask].tolist()
 
 
+@pytest.mark.real_model
 def test_loss_mask_with_real_chat_template():
     if not SMOLLM2.is_dir():
         pytest.skip(f"{SMOLLM2} is not there")

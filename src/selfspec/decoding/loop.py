@@ -14,8 +14,8 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
 from ..core.cost import profile_of
 from ..core.sampling import sample
-from ..drafters.base import Drafter, Proposal
 from ..models.adapter import forward_block
+from .protocol import Drafter, Proposal
 from .state import DecodeState, VerifyOutput
 
 

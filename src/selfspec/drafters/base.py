@@ -1,81 +1,29 @@
-"""The drafter interface, and the drafter that proposes nothing (``ar``).
+"""The drafter that proposes nothing (``ar``), and the snapshot of what a drafter learns across
+requests.
 
-A drafter sees the decode state, proposes a :class:`~selfspec.core.tree.DraftTree` rooted at the
-pending token, optionally with *piggyback* query tokens that ride along in the same verify
-forward (their logits come back to the drafter; their KV is never committed), and observes the
-verdict to roll back its own state and adapt its budget.
+The drafter interface itself (:class:`~selfspec.decoding.protocol.Drafter`,
+:class:`~selfspec.decoding.protocol.Proposal`, :class:`~selfspec.decoding.protocol.Piggyback`)
+lives in :mod:`selfspec.decoding.protocol`, beside the loop that calls it.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
+from ..decoding.protocol import Proposal
+from .spec import BuildContext, MethodSpec
 
 if TYPE_CHECKING:
     from ..decoding.state import DecodeState, VerifyOutput
 
 
 @dataclass(frozen=True)
-class Piggyback:
-    """Extra query tokens appended after the tree in the verify forward.
-
-    Attributes:
-        tokens: ``[M]`` int64 token ids.
-        positions: ``[M]`` int64 absolute position ids.
-        mask: ``[M, N + M]`` bool: which tree nodes and piggyback tokens each one sees (the
-            committed prefix is always visible).
-    """
-
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    mask: torch.Tensor
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """What a drafter proposes for one step.
-
-    Attributes:
-        tree: the draft tree rooted at the pending token.
-        piggyback: extra query tokens riding along in the verify forward, or None.
-        accept_rule: a sampling acceptance rule replacing the lossless one, ``(tree, target_logits
-            [N, V], warper, generator) -> Verdict``. Only methods registered as not lossless may
-            set it (the loop refuses it otherwise); greedy decoding never uses it.
-    """
-
-    tree: DraftTree
-    piggyback: Piggyback | None = None
-    accept_rule: Callable | None = None
-
-
-class Drafter(Protocol):
-    """Interface every method implements (see ``docs/DESIGN.md``).
-
-    Attributes:
-        name: the method name (``selfspec --method NAME``).
-        lossless: True when greedy ids and the sampling distribution are provably unchanged.
-        needs_hidden: the verify forward must return the target's hidden states.
-    """
-
-    name: str
-    lossless: bool
-    needs_hidden: bool
-
-    def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
-        """Called once after the prompt forward (``out`` covers the prompt tokens)."""
-
-    def propose(self, state: DecodeState) -> Proposal:
-        """Draft at most ``state.draft_room`` tokens deep after the pending token."""
-
-    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
-        """Called after the accepted tokens were committed to ``state``."""
+class NoOptions:
+    """``ar`` takes no options."""
 
 
 class NullDrafter:
@@ -93,6 +41,13 @@ class NullDrafter:
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         pass
+
+
+def build_ar(spec: MethodSpec, target, cfg: NoOptions, ctx: BuildContext) -> NullDrafter:
+    return NullDrafter()
+
+
+AR = MethodSpec("ar", NoOptions, build_ar, True, "plain autoregressive decoding on the same loop (the baseline)")
 
 
 def _request_state_attrs(drafter) -> list[str]:

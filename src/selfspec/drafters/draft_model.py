@@ -17,30 +17,33 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
 from ..core.tree import DraftTree
+from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
-from .base import Proposal
 from .budget import ChainBudget
+from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
 @dataclass(frozen=True)
 class DraftModelConfig:
-    """Options of ``draft-model``.
+    """Options of ``draft-model`` (each field's help is in its metadata)."""
 
-    Attributes:
-        draft_model: bundled name, directory, .gguf file or hub id of the draft.
-        k: fixed draft length, or the largest considered when ``auto_k``.
-        auto_k: size drafts from the measured cost profile, draft cost and acceptance; stop
-            drafting once the chance that all drafts so far are accepted (product of the draft's
-            confidences) falls below ``min_confidence``, and verify only the prefix whose
-            expected tokens per unit of verify cost is best.
-        min_confidence: see ``auto_k``.
-    """
+    draft_model: str = option("", "the draft: a bundled name, directory, .gguf file or hub id of a smaller model "
+                                  "with the same tokenizer (required)", flag="--draft-model")
+    k: int = option(8, "the longest draft; every draft when auto_k is off (--fixed-k)", flag="--k")
+    auto_k: bool = option(True, "size each draft from the measured verify-cost profile, draft cost and "
+                                "acceptance, up to k: stop drafting once the product of the draft's confidences "
+                                "falls below min_confidence and verify the prefix with the most expected tokens "
+                                "per unit of verify cost; --fixed-k turns it off", flag="--fixed-k", value=False)
+    min_confidence: float = option(0.3, "with auto_k: the confidence product below which drafting stops")
 
-    draft_model: str = ""
-    k: int = 8
-    auto_k: bool = True
-    min_confidence: float = 0.3
+    def __post_init__(self) -> None:
+        check_numbers(self, "draft-model")
+        if not self.draft_model:
+            raise SelfspecError("method draft-model needs a draft: --draft-model NAME (e.g. "
+                                "qwen2.5-coder-0.5b-instruct; API: draft_model=NAME)")
+        need(self, "draft-model", "k", self.k >= 1, ">= 1")
+        need(self, "draft-model", "min_confidence", 0.0 <= self.min_confidence < 1.0, "in [0, 1)")
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_vocab: int, draft_vocab: int, draft_name: str) -> None:
@@ -80,6 +83,7 @@ class DraftModelDrafter:
             min_confidence: stop drafting when the product of draft confidences falls below it.
         """
         self.draft = draft
+        self.draft_model = draft  # what bench's hf-assisted peer can reuse (registry.draft_model_of)
         self.min_confidence = min_confidence
         self.target_vocab = target_vocab
         self.budget = budget
@@ -155,3 +159,18 @@ class DraftModelDrafter:
             seconds = None if state.rejection else self._last_draft_s  # rejection: no wall clock
             self.budget.update(proposal.tree.size - 1, verdict.num_accepted, seconds, self._drafted)
         self._drafted = 0
+
+
+def build(spec: MethodSpec, target, cfg: DraftModelConfig, ctx: BuildContext) -> DraftModelDrafter:
+    from ..models.loading import load_model
+
+    draft = load_model(cfg.draft_model, ctx.device, ctx.dtype, ctx.trust_remote_code, kernels=ctx.kernels,
+                       release_fp32=True)
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, target.model.config.vocab_size,
+                         draft.model.config.vocab_size, cfg.draft_model)
+    return DraftModelDrafter(draft.model, target.model.config.vocab_size, chain_budget(target, cfg.auto_k, cfg.k),
+                             cfg.min_confidence if cfg.auto_k else 0.0)
+
+
+SPEC = MethodSpec("draft-model", DraftModelConfig, build, True,
+                  "a smaller model with the same tokenizer drafts (--draft-model)")

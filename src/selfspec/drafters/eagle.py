@@ -38,37 +38,39 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
+from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
+from ..errors import SelfspecError
 from ..heads.eagle import EagleHead
-from .base import Proposal
+from .spec import BuildContext, MethodSpec, check_numbers, need, option
 
 
 @dataclass(frozen=True)
 class EagleConfig:
-    """Options of ``eagle2`` and ``hass``.
+    """Options of ``eagle2`` and ``hass`` (each field's help is in its metadata)."""
 
-    Attributes:
-        head: directory of a trained head; empty = the trained head for the model under
-            ``$SELFSPEC_HOME/heads/<model>-<method>`` (made by ``scripts/train_hass.sh``).
-        top_k: children per expanded node, and frontier width (EAGLE-2: 10).
-        depth: expansion rounds after the first level, so paths hold up to ``depth + 1`` drafted
-            tokens (EAGLE-2 code: 5, "depth 6" in the paper).
-        total_tokens: tree size including the root (EAGLE-2: 60); 0 = from the verify-cost profile
-            each step (at most ``max_tokens``).
-        max_tokens: largest tree considered when ``total_tokens`` is 0.
-        min_prob: stop expanding once no frontier path has draft probability above this.
-        backoff: with a cost profile, verify only the pending token while measured drafting
-            steps commit fewer tokens per second than plain decoding would (1 / T(1)), with a
-            probe draft every 8 steps, doubling up to 64 while drafts keep not paying.
-    """
+    head: str = option("", "draft head directory; empty = the trained one for the model in "
+                           "$SELFSPEC_HOME/heads/<model>-<method> (scripts/train_hass.sh), else the one shipped "
+                           "with selfspec; random or random:SEED = an untrained head (tests, lower bounds)",
+                       flag="--head")
+    top_k: int = option(10, "children per expanded node, and the frontier width (EAGLE-2: 10)", flag="--tree-top-k")
+    depth: int = option(5, "expansion rounds after the first level: paths hold up to depth + 1 drafted tokens "
+                           "(EAGLE-2 code: 5, the paper's depth 6)", flag="--tree-depth")
+    total_tokens: int = option(0, "tree size including the root (EAGLE-2: 60); 0 = sized each step from the "
+                                  "verify-cost profile, at most max_tokens", flag="--tree-tokens")
+    max_tokens: int = option(64, "largest tree considered when total_tokens is 0")
+    min_prob: float = option(0.02, "stop expanding once no frontier path has draft probability above this")
+    backoff: bool = option(True, "with a cost profile, verify only the pending token while measured drafting "
+                                 "steps commit fewer tokens per second than plain decoding would (1 / T(1)), with a "
+                                 "probe draft every 8 steps, doubling up to 64 while drafts keep not paying")
 
-    head: str = ""
-    top_k: int = 10
-    depth: int = 5
-    total_tokens: int = 0
-    max_tokens: int = 64
-    min_prob: float = 0.02
-    backoff: bool = True
+    def __post_init__(self) -> None:
+        check_numbers(self, "eagle2/hass")
+        need(self, "eagle2/hass", "top_k", self.top_k >= 1, ">= 1")
+        need(self, "eagle2/hass", "depth", self.depth >= 0, ">= 0")
+        need(self, "eagle2/hass", "total_tokens", self.total_tokens >= 0, ">= 0")
+        need(self, "eagle2/hass", "max_tokens", self.max_tokens >= 2, ">= 2")
+        need(self, "eagle2/hass", "min_prob", 0.0 <= self.min_prob < 1.0, "in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -319,3 +321,47 @@ class EagleDrafter:
         self._t_proposed = time.perf_counter()
         self._draft_s = self._t_proposed - t0
         return Proposal(tree)
+
+
+def load_head_for(target, cfg: EagleConfig, method: str) -> tuple[EagleHead, str]:
+    """The head of ``eagle2`` / ``hass`` and where it came from: ``cfg.head`` (a directory, or
+    ``random`` for an untrained head: tests and lower bounds), else the trained one in
+    ``$SELFSPEC_HOME/heads``, else the one shipped with the package."""
+    from pathlib import Path
+
+    from ..heads import find_head_dir
+    from ..heads.eagle import load_head
+
+    if cfg.head.startswith("random"):
+        try:
+            seed = int(cfg.head.partition(":")[2] or 0)
+        except ValueError as e:
+            raise SelfspecError(f"head {cfg.head!r}: use random or random:SEED (an integer)") from e
+        with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
+            torch.manual_seed(seed)
+            return EagleHead(target.model).eval(), f"random:{seed}"
+    found = None if cfg.head else find_head_dir(target.name, method)
+    if not cfg.head and found is None:
+        raise SelfspecError(
+            f"no trained {method} head for model '{target.name}': train one with `bash scripts/train_hass.sh` "
+            f"(or `selfspec train hass --model {target.name} --out DIR`) and pass head=DIR (--head DIR)")
+    path = cfg.head or str(found)
+    if cfg.head and not Path(cfg.head).exists():  # a file: load_head says so
+        raise SelfspecError(f"head directory {cfg.head} does not exist; pass a directory written by "
+                            "`selfspec train hass` (--head DIR)")
+    head, _ = load_head(path, target.model)
+    return head, path
+
+
+def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> EagleDrafter:
+    from ..core.cost import load_or_measure
+
+    head, source = load_head_for(target, cfg, spec.name)
+    profile = None if cfg.total_tokens else load_or_measure(target.model, target.name, target.backend)
+    return EagleDrafter(spec.name, target.model, head, cfg, profile, source)
+
+
+EAGLE2 = MethodSpec("eagle2", EagleConfig, build, True,
+                    "EAGLE-2: a one-layer draft head (EAGLE-trained) expands a dynamic draft tree (--head)")
+HASS = MethodSpec("hass", EagleConfig, build, True,
+                  "HASS: EAGLE-2 trees from a head trained with harmonized objectives (--head)")

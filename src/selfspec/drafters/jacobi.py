@@ -21,25 +21,26 @@ import torch
 from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.tree import DraftTree
+from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .base import Proposal
 from .budget import ChainBudget
+from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
 @dataclass(frozen=True)
 class JacobiConfig:
-    """Options of ``jacobi``.
+    """Options of ``jacobi`` (each field's help is in its metadata)."""
 
-    Attributes:
-        m: guesses kept per step (the paper: 4); with ``auto_m`` the most verified.
-        auto_m: verify only as many guesses as the measured cost profile and acceptance pay for
-            (the rest are kept and refined anyway).
-        seed: seed of the ahead-noise generator (drafts only; outputs never depend on it).
-    """
+    m: int = option(4, "guesses kept and refined per step (the paper: 4); every one is verified when auto_m is off "
+                       "(--fixed-k)", flag="--k")
+    auto_m: bool = option(True, "verify only as many guesses as the measured cost profile and acceptance pay for "
+                                "(the rest are kept and refined anyway); --fixed-k turns it off",
+                          flag="--fixed-k", value=False)
+    seed: int = option(0, "seed of the ahead-noise generator (drafts only; outputs never depend on it)")
 
-    m: int = 4
-    auto_m: bool = True
-    seed: int = 0
+    def __post_init__(self) -> None:
+        check_numbers(self, "jacobi")
+        need(self, "jacobi", "m", self.m >= 1, ">= 1")
 
 
 class JacobiDrafter:
@@ -78,3 +79,12 @@ class JacobiDrafter:
                 logits = state.scores(logits, [state.draft_index(d + 1) for d in range(k - a)])
             shifted = logits.argmax(-1).tolist()
         self.guesses = (shifted + self.guesses[k + 1 :])[: self.cfg.m]
+
+
+def build(spec: MethodSpec, target, cfg: JacobiConfig, ctx: BuildContext) -> JacobiDrafter:
+    return JacobiDrafter(cfg, chain_budget(target, cfg.auto_m, cfg.m))
+
+
+SPEC = MethodSpec("jacobi", JacobiConfig, build, True,
+                  "Jacobi decoding: the model refines m guesses in parallel (ahead noise in free slots); best on an "
+                  "MSN fine-tune")

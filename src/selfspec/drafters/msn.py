@@ -35,8 +35,9 @@ from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
+from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .base import Proposal
+from .spec import BuildContext, MethodSpec, check_numbers, need, option
 
 TOP_K = 10  # alternatives per depth (ranks 0..9)
 RETRIEVAL = TOP_K  # the retrieval column's rank
@@ -56,23 +57,21 @@ TEMPLATE = RETRIEVAL_CHAIN + MEDUSA_63  # 68 nodes, as the official noise_forwar
 
 @dataclass(frozen=True)
 class MsnConfig:
-    """Options of ``msn``.
+    """Options of ``msn`` (each field's help is in its metadata)."""
 
-    Attributes:
-        tree_size: template nodes verified per step (the pending token excluded), the best-ranked
-            first; 0 = sized each step from the verify-cost profile and measured acceptance
-            (up to ``max_nodes``); 68 = the whole template (the paper).
-        max_nodes: largest tree considered when ``tree_size`` is 0.
-        retrieval: include the 5-node retrieval chain ("TR-Jacobi"); off = "TR-Jacobi w/o R".
-        ngram: retrieval matches the last ``ngram`` tokens (the code: 3).
-        seed: seed of the ahead-noise generator (drafts only; outputs never depend on it).
-    """
+    tree_size: int = option(0, "template nodes verified per step (the pending token excluded), the best-ranked "
+                               "first; 0 = sized each step from the verify-cost profile and measured acceptance (up "
+                               "to max_nodes); 68 = the whole template (the paper)", flag="--k", when="--fixed-k")
+    max_nodes: int = option(68, "largest tree considered when tree_size is 0", flag="--k", unless="--fixed-k")
+    retrieval: bool = option(True, "include the 5-node retrieval chain (TR-Jacobi); off = TR-Jacobi w/o R")
+    ngram: int = option(3, "retrieval matches the last ngram tokens (the code: 3)")
+    seed: int = option(0, "seed of the ahead-noise generator (drafts only; outputs never depend on it)")
 
-    tree_size: int = 0
-    max_nodes: int = 68
-    retrieval: bool = True
-    ngram: int = 3
-    seed: int = 0
+    def __post_init__(self) -> None:
+        check_numbers(self, "msn")
+        need(self, "msn", "tree_size", self.tree_size >= 0, ">= 0 (0 = from the cost profile)")
+        need(self, "msn", "max_nodes", self.max_nodes >= 1, ">= 1")
+        need(self, "msn", "ngram", self.ngram >= 1, ">= 1")
 
 
 def retrieve(seq: list[int], n: int = 3, m: int = MAX_DEPTH) -> list[int]:
@@ -259,3 +258,16 @@ class MsnDrafter:
         if rows and state.deterministic and not state.warper.greedy:  # coupled: rank by the noised logits
             logits = state.scores(logits, [state.draft_index(d + 1) for d in range(len(rows))])
         self.topk = logits.topk(k, dim=-1).indices.tolist() if rows else []
+
+
+def build(spec: MethodSpec, target, cfg: MsnConfig, ctx: BuildContext) -> MsnDrafter:
+    from ..core.cost import load_or_measure
+
+    extra = tuple(q for q in (24, 32, 48, 69) if q <= cfg.max_nodes + 1)  # price the tree sizes it may verify
+    profile = load_or_measure(target.model, target.name, target.backend, extra_qs=extra) if cfg.tree_size == 0 else None
+    return MsnDrafter(cfg, profile)
+
+
+SPEC = MethodSpec("msn", MsnConfig, build, True,
+                  "MSN's TR-Jacobi: a tree of last step's top-k predictions plus a prompt-lookup chain, verified in "
+                  "one forward; best on an MSN fine-tune (selfspec train msn)")

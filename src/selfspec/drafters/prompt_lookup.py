@@ -9,26 +9,27 @@ from dataclasses import dataclass
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
+from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .base import Proposal
 from .budget import ChainBudget
+from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
 @dataclass(frozen=True)
 class PromptLookupConfig:
-    """Options of ``pld``.
+    """Options of ``pld`` (each field's help is in its metadata)."""
 
-    Attributes:
-        max_ngram: longest suffix n-gram to match.
-        min_ngram: shortest suffix n-gram to match.
-        k: fixed draft length, or the largest considered when ``auto_k``.
-        auto_k: size drafts from the measured cost profile and acceptance.
-    """
+    max_ngram: int = option(3, "longest suffix n-gram to match")
+    min_ngram: int = option(1, "shortest suffix n-gram to match")
+    k: int = option(10, "the longest draft; every draft when auto_k is off (--fixed-k)", flag="--k")
+    auto_k: bool = option(True, "size each draft from the measured verify-cost profile and acceptance, up to k; "
+                                "--fixed-k turns it off", flag="--fixed-k", value=False)
 
-    max_ngram: int = 3
-    min_ngram: int = 1
-    k: int = 10
-    auto_k: bool = True
+    def __post_init__(self) -> None:
+        check_numbers(self, "pld")
+        need(self, "pld", "min_ngram", self.min_ngram >= 1, ">= 1")
+        need(self, "pld", "max_ngram", self.max_ngram >= self.min_ngram, f">= min_ngram ({self.min_ngram})")
+        need(self, "pld", "k", self.k >= 1, ">= 1")
 
 
 def lookup(ids: list[int], max_ngram: int, min_ngram: int, k: int) -> list[int]:
@@ -69,3 +70,10 @@ class PromptLookupDrafter:
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         self.budget.update(proposal.tree.size - 1, verdict.num_accepted)
+
+
+def build(spec: MethodSpec, target, cfg: PromptLookupConfig, ctx: BuildContext) -> PromptLookupDrafter:
+    return PromptLookupDrafter(cfg, chain_budget(target, cfg.auto_k, cfg.k))
+
+
+SPEC = MethodSpec("pld", PromptLookupConfig, build, True, "prompt lookup: drafts copied from earlier text")

@@ -13,8 +13,8 @@ import torch
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
+from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .base import Proposal
 
 
 class ScriptedDrafter:

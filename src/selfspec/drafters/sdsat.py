@@ -34,36 +34,49 @@ from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
+from ..decoding.protocol import Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
-from .base import Piggyback, Proposal
 from .budget import PositionalAcceptance
+from .spec import BuildContext, MethodSpec, check_numbers, finetuned_ids, need, option
 
 PAPER_TREE = "4;3,2,2,1;3,2,2,1;3,2;3"  # children per parent by depth: the paper's depth-5 tree (28 nodes)
 
 
 @dataclass(frozen=True)
 class SdsatConfig:
-    """Options of ``sdsat`` / ``sdsat-lossy``.
+    """Options of ``sdsat`` / ``sdsat-lossy`` (each field's help is in its metadata)."""
 
-    Attributes:
-        k: adaptive tokens per draft step, fixed (sampling: the tree cut to depth k); 0 = chosen
-            each loop from the verify-cost profile and the measured acceptance (greedy: at most
-            ``max_k``; sampling: the whole tree or a plain step).
-        max_k: largest k considered when ``k`` is 0.
-        tree: sampling: children per parent at each depth, ``;`` between depths and ``,``
-            between the parents of a depth (in node order; missing parents get none). Default:
-            the paper's depth-5 tree. Empty = a chain of one sample per adaptive position.
-        candidates: size of the ordered sample per adaptive position (the paper's top_k 10).
-        adaptive_ids: the adaptive token id(s), comma-separated; empty = read from the model
-            directory's ``selfspec_finetune.json`` (written by ``selfspec train sdsat``).
-    """
+    k: int = option(0, "adaptive tokens per draft step, fixed (sampling: the tree cut to depth k); 0 = chosen each "
+                       "loop from the verify-cost profile and the measured acceptance (greedy: at most max_k; "
+                       "sampling: the whole tree or a plain step)", flag="--k")
+    max_k: int = option(8, "largest k considered when k is 0")
+    tree: str = option(PAPER_TREE, "sampling tree: children per parent at each depth, ';' between depths and ',' "
+                                   "between the parents of a depth (in node order; missing parents get none); "
+                                   f"default the paper's depth-5 tree {PAPER_TREE}; '' = a chain of one sample per "
+                                   "adaptive token", flag="--sdsat-tree")
+    candidates: int = option(10, "size of the ordered sample per adaptive position (the paper's top_k 10)")
+    adaptive_ids: str = option("", "the adaptive token id(s), comma-separated; empty = read from the model "
+                                   "directory's selfspec_finetune.json (written by selfspec train sdsat)",
+                               flag="--adaptive-ids")
 
-    k: int = 0
-    max_k: int = 8
-    tree: str = PAPER_TREE
-    candidates: int = 10
-    adaptive_ids: str = ""
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tree", str(self.tree))  # bench entries: sdsat:tree=4 arrives as a number
+        object.__setattr__(self, "adaptive_ids", str(self.adaptive_ids))
+        check_numbers(self, "sdsat")
+        need(self, "sdsat", "k", self.k >= 0, ">= 0")
+        need(self, "sdsat", "max_k", self.max_k >= 1, ">= 1")
+        need(self, "sdsat", "candidates", self.candidates >= 1, ">= 1")
+        parse_tree(self.tree)
+        parse_ids(self.adaptive_ids)
+
+
+def parse_ids(text: str) -> list[int]:
+    """``"49152"`` or ``"5,6"`` (or ``"5+6"``) -> adaptive token ids; ``""`` -> ``[]``."""
+    try:
+        return [int(x) for x in text.replace("+", ",").split(",") if x.strip()]
+    except ValueError as e:
+        raise SelfspecError(f"sdsat adaptive_ids {text!r}: use integer ids like 49152 or 5,6 (--adaptive-ids)") from e
 
 
 def parse_tree(spec: str) -> list[list[int]]:
@@ -147,6 +160,8 @@ class SdsatDrafter:
 
     Args:
         name: ``sdsat`` or ``sdsat-lossy``.
+        lossless: the lossless rule when sampling (``sdsat``), else the paper's sample-and-match
+            verifier (``sdsat-lossy``); from the method's spec.
         adaptive_ids: one id, or distinct ids (the j-th adaptive token uses ``ids[min(j, n) - 1]``).
         cfg: options.
         profile: the target's verify-cost profile (None: fixed k).
@@ -155,10 +170,10 @@ class SdsatDrafter:
 
     needs_hidden = False
 
-    def __init__(self, name: str, adaptive_ids: list[int], cfg: SdsatConfig, profile: CostProfile | None,
-                 prior: list[float] | None = None) -> None:
+    def __init__(self, name: str, lossless: bool, adaptive_ids: list[int], cfg: SdsatConfig,
+                 profile: CostProfile | None, prior: list[float] | None = None) -> None:
         self.name = name
-        self.lossless = name == "sdsat"
+        self.lossless = lossless
         self.ids = adaptive_ids
         self.cfg = cfg
         self.levels = parse_tree(cfg.tree)
@@ -240,8 +255,20 @@ class SdsatDrafter:
             self.budget.update(depth, verdict.num_accepted)
 
 
-def check_ids(ids: list[int], vocab: int) -> list[int]:
-    if not ids or any(not 0 <= i < vocab for i in ids):
-        raise SelfspecError(f"sdsat adaptive ids {ids} must be in [0, {vocab})")
-    return ids
+def build(spec: MethodSpec, target, cfg: SdsatConfig, ctx: BuildContext) -> SdsatDrafter:
+    from ..core.cost import load_or_measure
+
+    ids, meta = finetuned_ids(target, "sdsat", parse_ids(cfg.adaptive_ids), "adaptive token", "adaptive_ids")
+    val = (meta or {}).get("validation", {})
+    prior = [val[f"acc{j}"] for j in range(2, (cfg.k or cfg.max_k) + 2) if f"acc{j}" in val]
+    profile = load_or_measure(target.model, target.name, target.backend) if cfg.k == 0 else None
+    return SdsatDrafter(spec.name, spec.lossless, ids, cfg, profile, prior)
+
+
+SDSAT = MethodSpec("sdsat", SdsatConfig, build, True,
+                   "SDSAT: a fine-tuned model drafts k tokens from k appended adaptive tokens, then verifies them "
+                   "(two-step loop; sampling: the paper's tree with lossless acceptance)")
+SDSAT_LOSSY = MethodSpec("sdsat-lossy", SdsatConfig, build, False,
+                         "NOT LOSSLESS when sampling: SDSAT with the paper's sample-and-match verifier (greedy is "
+                         "still exact); for reproducing the paper")
 

@@ -22,6 +22,7 @@ The draft is the target itself with some attention and MLP sub-layers skipped
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -31,43 +32,43 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
 from ..core.tree import DraftTree
+from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
+from ..errors import SelfspecError
 from ..models.adapter import build_mask
 from ..models.skipping import SkipSet, skip_sublayers
-from .base import Proposal
 from .budget import ChainBudget
-from .skip_config import GammaSettings
+from .skip_config import GammaSettings, find
+from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 DRAFT_EXITS = ("cost", "gamma")
 
 
 @dataclass(frozen=True)
 class SelfSpecConfig:
-    """Options of ``self-spec``.
+    """Options of ``self-spec`` (each field's help is in its metadata)."""
 
-    Attributes:
-        skip_config: path of a skip config JSON; empty = the tuned config for the model (the
-            user's from ``selfspec tune``, else the one shipped with selfspec).
-        skip_attention: explicit attention sub-layers to skip (overrides any skip config).
-        skip_mlp: explicit MLP sub-layers to skip (used with ``skip_attention``).
-        draft_exit: ``cost`` (measured cost-aware budget) or ``gamma`` (the paper's adaptive exit).
-        k: longest draft (the paper's K); None = the skip config's ``max_draft`` (12).
-        auto_k: back off to plain decoding when drafting does not pay (cost profile); with
-            ``draft_exit="cost"`` also size each draft from it. Off: always draft up to k
-            (with ``cost``: exactly k).
-        min_confidence: ``cost`` exit: stop when the product of draft confidences falls below it.
-        gamma0, alpha: override the skip config's gamma settings.
-    """
+    skip_config: str = option("", "skip config JSON; empty = the tuned one for the model (yours from selfspec tune, "
+                                  "else the one shipped with selfspec)", flag="--skip-config")
+    skip_attention: tuple[int, ...] | None = option(None, "explicit attention sub-layers to skip (overrides any "
+                                                          "skip config); a sequence, one index or text like 3+7")
+    skip_mlp: tuple[int, ...] | None = option(None, "explicit MLP sub-layers to skip (with skip_attention)")
+    draft_exit: str = option("cost", "stop drafting by the measured cost budget (cost) or the paper's adaptive "
+                                     "confidence threshold gamma (gamma)", flag="--draft-exit", choices=DRAFT_EXITS)
+    k: int | None = option(None, "the longest draft (the paper's K; default: the skip config's max_draft, 12); "
+                                 "every draft when auto_k is off (--fixed-k) and draft_exit is cost", flag="--k")
+    auto_k: bool = option(True, "back off to plain decoding when drafting does not pay (measured cost profile), "
+                                "and with the cost exit size each draft from it; --fixed-k turns it off",
+                          flag="--fixed-k", value=False)
+    min_confidence: float = option(0.3, "cost exit: stop once the product of draft confidences falls below this")
+    gamma0: float | None = option(None, "override the skip config's initial gamma (gamma exit)")
+    alpha: float | None = option(None, "override the skip config's target acceptance alpha (gamma exit)")
 
-    skip_config: str = ""
-    skip_attention: tuple[int, ...] | None = None
-    skip_mlp: tuple[int, ...] | None = None
-    draft_exit: str = "cost"
-    k: int | None = None
-    auto_k: bool = True
-    min_confidence: float = 0.3
-    gamma0: float | None = None
-    alpha: float | None = None
+    def __post_init__(self) -> None:
+        check_numbers(self, "self-spec")
+        need(self, "self-spec", "draft_exit", self.draft_exit in DRAFT_EXITS, f"one of {', '.join(DRAFT_EXITS)}")
+        need(self, "self-spec", "k", self.k is None or self.k >= 1, ">= 1")
+        need(self, "self-spec", "min_confidence", 0.0 <= self.min_confidence < 1.0, "in [0, 1)")
 
 
 def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: int,
@@ -214,3 +215,54 @@ class SelfSpecDrafter:
             self.budget.update(verified, verdict.num_accepted, seconds, self._drafted)
             self.gamma.update(verdict.num_accepted, verified)
         self._drafted = 0
+
+
+def _layers(value) -> tuple[int, ...]:
+    """Layer indices from a sequence, one int, or text like ``"3+7+9"`` (bench entries)."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    try:
+        if isinstance(value, str):
+            return tuple(int(v) for v in value.replace("+", " ").split())
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError) as e:
+        raise SelfspecError(f"self-spec layer indices must be integers, not {value!r}") from e
+
+
+def resolve_skip(target, cfg: SelfSpecConfig) -> tuple[SkipSet, GammaSettings, str, tuple[float, float] | None]:
+    """The skip set, gamma settings, source and measured priors (acceptance, draft cost / T(1))
+    of ``self-spec``: explicit sets (no priors), else a skip config."""
+    from ..models.skipping import decoder_layers
+
+    num_layers = len(decoder_layers(target.model))
+    if cfg.skip_attention is not None or cfg.skip_mlp is not None:
+        skip = SkipSet.of(_layers(cfg.skip_attention), _layers(cfg.skip_mlp))
+        gamma, source, priors = GammaSettings(), "explicit", None
+    else:
+        found = find(target.name, target.model, cfg.skip_config)
+        if found is None:
+            raise SelfspecError(
+                f"no skip config for model '{target.name}': tune one with `selfspec tune {target.name} --method "
+                "self-spec`, or pass --skip-config PATH (API: skip_attention=..., skip_mlp=...)")
+        sc, source = found
+        skip, gamma, priors = sc.skip, sc.gamma, sc.priors()
+    skip.check(num_layers)
+    over = {k: v for k, v in (("gamma0", cfg.gamma0), ("alpha", cfg.alpha)) if v is not None}
+    if cfg.k is not None:
+        over["max_draft"] = cfg.k
+    return skip, dataclasses.replace(gamma, **over), source, priors
+
+
+def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:
+    skip, gamma, source, priors = resolve_skip(target, cfg)
+    budget = chain_budget(target, cfg.auto_k, gamma.max_draft)
+    if priors is not None and budget.profile is not None:  # start from what the search measured
+        budget.set_prior(priors[0], priors[1] * budget.profile.t1)
+    return SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
+                           source)
+
+
+SPEC = MethodSpec("self-spec", SelfSpecConfig, build, True,
+                  "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)")

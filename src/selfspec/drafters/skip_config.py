@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from ..errors import SelfspecError
-from ..models.bundled import selfspec_home
 from ..models.skipping import SkipSet
+from ..paths import model_key, selfspec_home
 
 FORMAT = "selfspec-skip-config/1"
 ARCH_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -134,11 +134,6 @@ class SkipConfig:
         tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
         tmp.replace(path)
         return path
-
-
-def model_key(name: str) -> str:
-    """The file-name stem for a model name, path or hub id (its last path component)."""
-    return Path(str(name).rstrip("/")).name.removesuffix(".gguf")
 
 
 def config_hash(model: torch.nn.Module) -> str:

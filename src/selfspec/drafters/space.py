@@ -34,26 +34,27 @@ from ..core.cost import CostProfile
 from ..core.mask_groups import mask_groups
 from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
+from ..decoding.protocol import Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .base import Piggyback, Proposal
 from .budget import PositionalAcceptance
+from .spec import BuildContext, MethodSpec, check_numbers, finetuned_ids, need, option
 
 
 @dataclass(frozen=True)
 class SpaceConfig:
-    """Options of ``space`` / ``space-lossy``.
+    """Options of ``space`` / ``space-lossy`` (each field's help is in its metadata)."""
 
-    Attributes:
-        k: masks per group (= candidates per step), fixed; 0 = chosen each step from the
-            verify-cost profile and the measured acceptance, at most ``max_k`` (paper: 5).
-        max_k: largest k considered when ``k`` is 0.
-        mask_id: the ``[MASK]`` token id; -1 (default) = read from the model directory's
-            ``selfspec_finetune.json`` (written by ``selfspec train space``).
-    """
+    k: int = option(0, "masks per group (= candidates per step), fixed; 0 = chosen each step from the verify-cost "
+                       "profile and the measured acceptance, at most max_k (paper: 5)", flag="--k")
+    max_k: int = option(6, "largest k considered when k is 0")
+    mask_id: int = option(-1, "the [MASK] token id; -1 = read from the model directory's selfspec_finetune.json "
+                              "(written by selfspec train space)", flag="--mask-id")
 
-    k: int = 0
-    max_k: int = 6
-    mask_id: int = -1
+    def __post_init__(self) -> None:
+        check_numbers(self, "space")
+        need(self, "space", "k", self.k >= 0, ">= 0")
+        need(self, "space", "max_k", self.max_k >= 1, ">= 1")
+        need(self, "space", "mask_id", self.mask_id >= -1, ">= 0, or -1 (from the model)")
 
 
 def step_tokens(k: int, candidates: int | None = None) -> int:
@@ -99,6 +100,8 @@ class SpaceDrafter:
 
     Args:
         name: ``space`` or ``space-lossy``.
+        lossless: the residual rule after a rejection (``space``), else the paper's rule
+            (``space-lossy``); from the method's spec.
         mask_id: the ``[MASK]`` token.
         cfg: options.
         profile: the target's verify-cost profile (None: fixed k).
@@ -107,10 +110,10 @@ class SpaceDrafter:
 
     needs_hidden = False
 
-    def __init__(self, name: str, mask_id: int, cfg: SpaceConfig, profile: CostProfile | None,
+    def __init__(self, name: str, lossless: bool, mask_id: int, cfg: SpaceConfig, profile: CostProfile | None,
                  prior: list[float] | None = None) -> None:
         self.name = name
-        self.lossless = name == "space"
+        self.lossless = lossless
         self.mask_id = mask_id
         self.cfg = cfg
         self.budget = SpaceAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
@@ -154,3 +157,22 @@ class SpaceDrafter:
             return
         self.probs = state.warper.probs(logits)
         self.cands = [sample(self.probs[j], state.generator) for j in range(k)]
+
+
+def build(spec: MethodSpec, target, cfg: SpaceConfig, ctx: BuildContext) -> SpaceDrafter:
+    from ..core.cost import load_or_measure
+
+    ids, meta = finetuned_ids(target, "space", [cfg.mask_id] if cfg.mask_id >= 0 else [], "mask token", "mask_id")
+    val = (meta or {}).get("validation", {})
+    prior = [val[f"acc{j}"] for j in range(2, (cfg.k or cfg.max_k) + 2) if f"acc{j}" in val]
+    extra = tuple(step_tokens(k) for k in range(2, cfg.max_k + 1))  # masked forwards: up to 1 + k(k + 2)
+    profile = load_or_measure(target.model, target.name, target.backend, extra_qs=extra) if cfg.k == 0 else None
+    return SpaceDrafter(spec.name, spec.lossless, ids[0], cfg, profile, prior)
+
+
+SPACE = MethodSpec("space", SpaceConfig, build, True,
+                   "SPACE: a fine-tuned model drafts k tokens from k [MASK] tokens and verifies the last step's "
+                   "drafts in the same forward (sampling: lossless residual rule)")
+SPACE_LOSSY = MethodSpec("space-lossy", SpaceConfig, build, False,
+                         "NOT LOSSLESS when sampling: SPACE with the paper's rule (next token from the target after "
+                         "a rejection, not the residual; greedy is still exact); for reproducing the paper")

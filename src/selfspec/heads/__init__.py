@@ -5,8 +5,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from ..drafters.skip_config import model_key
-from ..models.bundled import selfspec_home
+from ..paths import model_key, selfspec_home
 
 
 def default_head_dir(model_name: str, method: str) -> Path:

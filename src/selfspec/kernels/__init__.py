@@ -14,8 +14,8 @@ import os
 from torch import nn
 
 from ..errors import SelfspecError
-from . import int8, onednn
-from .swap import current_backend, release_originals, restore_attention, restore_linears
+from .backends import use_backend
+from .swap import current_backend, release_originals, restore_linears
 
 KERNELS = ("auto", "stock", "onednn", "int8")
 
@@ -46,12 +46,7 @@ def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", kee
         from .auto import choose
 
         kernels = choose(model, model_name)
-    restore_linears(model, forget=not keep)
-    restore_attention(model)
-    if kernels == "onednn":
-        onednn.apply(model, keep)
-    elif kernels == "int8":
-        int8.apply(model, keep)
+    use_backend(model, kernels, keep)
     return kernels
 
 

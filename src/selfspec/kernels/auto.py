@@ -16,6 +16,7 @@ from torch import nn
 
 from ..core.cost import measure, profile_key, profile_path, save_cache
 from . import onednn
+from .backends import use_backend
 
 ROUNDS = 3
 
@@ -50,14 +51,12 @@ def choose(model: nn.Module, model_name: str) -> str:
             pass  # corrupt or unreadable: measured again, never trusted
     print(f"selfspec: timing fp32 kernels ({', '.join(cands)}) for {model_name} on this machine (once) ...",
           file=sys.stderr)
-    from . import apply_kernels
-
     samples: dict[str, list[float]] = {name: [] for name in cands}
     for _ in range(ROUNDS):  # interleaved, so a change of machine load hits every candidate alike
         for name in cands:  # each candidate as it would run: its layers and its attention function
-            apply_kernels(model, name, model_name, keep=True)
+            use_backend(model, name, keep=True)
             samples[name].append(quick_cost(model, model_name))
-    apply_kernels(model, "stock", model_name)  # frees the kept copies
+    use_backend(model, "stock")  # frees the kept copies
     costs = {name: statistics.median(v) for name, v in samples.items()}
     choice = min(costs, key=costs.get)
     print(f"selfspec: {choice} kernels are the fastest here ("

