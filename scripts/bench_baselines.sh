@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark of the baselines (issue 2): greedy equality on the real 1.5B model (slow test), then
+# Benchmark of the baselines: greedy equality on the real 1.5B model (slow test), then
 # `selfspec bench` on SmolLM2-135M and on Qwen2.5-Coder-1.5B (0.5B draft) with the transformers
 # peers in the same run, then the README "Results" section regenerated from the reports.
 # Resumable: re-running continues interrupted benchmarks (records are kept per prompt and method).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark on the standard datasets (issue 3): SmolLM2-135M on 10 MT-bench questions, and
+# Benchmark on the standard datasets: SmolLM2-135M on 10 MT-bench questions, and
 # Qwen2.5-Coder-1.5B on 20 HumanEval problems with pass@1 per method. Resumable.
 #   usage: bash scripts/bench_datasets.sh [OUT_DIR]   (default bench-out; ~35 min on 2 CPU cores)
 set -euo pipefail

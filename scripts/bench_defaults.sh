@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a user gets without flags (issue 18): the default model with the default kernels (auto) and
+# What a user gets without flags: the default model with the default kernels (auto) and
 # the default method (auto) against ar and transformers generate, beside every method that runs out
 # of the box; then ar on the int8 backend of Qwen2.5-Coder-1.5B against generate in fp32.
 # 10 built-in chat prompts (one per category) x 64 tokens, greedy, one process per model. Resumable.

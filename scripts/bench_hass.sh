@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6 figures: train the EAGLE-2 and HASS heads of SmolLM2-135M-Instruct (scripts/train_hass.sh,
+# HASS figures: train the EAGLE-2 and HASS heads of SmolLM2-135M-Instruct (scripts/train_hass.sh,
 # resumes), then one benchmark run per prompt set (MT-bench, HumanEval; 8 prompts each, 64 tokens) on the
 # fastest fp32 backend with both heads, the default cost-sized tree, a narrower frontier and the
 # paper's tree (top-k 10, depth 5 = 6 draft levels, 60 tokens), and the ablation table/plots.
@@ -20,8 +20,4 @@ $S bench --model $M --kernels onednn --threads 2 --dataset mt-bench --max-new-to
 .venv/bin/python scripts/hass_ablation.py --heads "${SELFSPEC_HOME:-$HOME/.cache/selfspec}/heads" --model $M \
    --bench $OUT/smollm2-hass-mt-bench $OUT/smollm2-hass-humaneval $OUT/smollm2-hass-mt-bench-t1 \
    --out $OUT/hass-ablation
-# README Results: every run so far
-R=$OUT
-.venv/bin/python scripts/results_to_readme.py README.md $R/smollm2 $R/qwen1.5b $R/smollm2-mtbench $R/qwen1.5b-humaneval \
-   $R/smollm2-kernels $R/qwen1.5b-kernels $R/qwen1.5b-humaneval-int8 $R/smollm2-self-spec $R/qwen1.5b-self-spec \
-   $R/smollm2-hass-mt-bench $R/smollm2-hass-humaneval $R/smollm2-hass-mt-bench-t1
+bash scripts/readme_results.sh

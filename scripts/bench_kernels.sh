@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kernels backends (issue 4): verify cost profiles per backend, the benchmark of ar and the methods
+# Kernels backends: verify cost profiles per backend, the benchmark of ar and the methods
 # on stock / onednn / int8 against transformers generate (fp32) in one run, and int8's quality cost.
 # Resumable (bench records are kept per prompt and method; profiles are cached).
 #   usage: bash scripts/bench_kernels.sh [OUT_DIR]   (default bench-out; ~50 min on 2 CPU cores)

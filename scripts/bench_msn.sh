@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 9 figures: fine-tune SmolLM2-135M-Instruct with MSN and with plain SFT at equal budget
-# (scripts/train_msn.sh, resumes), build both bundled models, measure each one's quality cost against the
+# MSN figures: fine-tune SmolLM2-135M-Instruct with MSN and with plain SFT at equal budget
+# (scripts/train_finetuned.sh msn sft, resumes), build both bundled models, measure each one's quality cost against the
 # base, then one benchmark run per model on the same prompts (MT-bench, 3 per category, and 10 HumanEval
 # problems; 64 tokens, greedy, the fastest fp32 backend): ar, jacobi (m = 4, the paper's) and msn
 # (TR-Jacobi; the paper's 68-node tree and the cost-sized one). Mean accepted tokens per forward
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 S=.venv/bin/selfspec
 OUT=docs/results
 B=smollm2-135m-instruct
-[ -n "${SKIP_TRAIN:-}" ] || bash scripts/train_msn.sh
+[ -n "${SKIP_TRAIN:-}" ] || bash scripts/train_finetuned.sh msn sft
 for W in msn sft; do
     $S models pull $B-$W --force
     .venv/bin/python scripts/finetune_quality.py --base $B --model $B-$W --out $OUT/$W-quality.json
@@ -25,12 +25,4 @@ done
    $OUT/smollm2-msn-jacobi-mt-bench $OUT/smollm2-jacobi-humaneval $OUT/smollm2-sft-jacobi-humaneval \
    $OUT/smollm2-msn-jacobi-humaneval --training ${SELFSPEC_HOME:-$HOME/.cache/selfspec}/finetune/$B-{msn,sft} \
    --quality $OUT/msn-quality.json $OUT/sft-quality.json --out $OUT/msn
-# README Results: every run so far
-R=$OUT
-.venv/bin/python scripts/results_to_readme.py README.md $R/smollm2 $R/qwen1.5b $R/smollm2-mtbench $R/qwen1.5b-humaneval \
-   $R/smollm2-kernels $R/qwen1.5b-kernels $R/qwen1.5b-humaneval-int8 $R/smollm2-self-spec $R/qwen1.5b-self-spec \
-   $R/smollm2-hass-mt-bench $R/smollm2-hass-humaneval $R/smollm2-hass-mt-bench-t1 \
-   $R/smollm2-sdsat-mt-bench $R/smollm2-sdsat-humaneval $R/smollm2-sdsat-mt-bench-t1 \
-   $R/smollm2-space-mt-bench $R/smollm2-space-humaneval $R/smollm2-space-mt-bench-t1 \
-   $R/smollm2-jacobi-mt-bench $R/smollm2-sft-jacobi-mt-bench $R/smollm2-msn-jacobi-mt-bench \
-   $R/smollm2-jacobi-humaneval $R/smollm2-sft-jacobi-humaneval $R/smollm2-msn-jacobi-humaneval
+bash scripts/readme_results.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19: coupled (Gumbel-max, the default) against rejection sampling at T = 0.7 and T = 1
+# Sampling: coupled (Gumbel-max, the default) against rejection sampling at T = 0.7 and T = 1
 # (acceptance, tau, speed; every method's coupled ids should equal ar's), and greedy in bf16
 # (how often each method's ids differ from ar's in half precision). SmolLM2-135M-Instruct, 10
 # built-in chat prompts (one per category) x 64 tokens, default kernels, one process per run.

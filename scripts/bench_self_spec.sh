@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5 figures: tune self-spec skip sets for both bundled models (proxy search + measured
+# Self-spec figures: tune self-spec skip sets for both bundled models (proxy search + measured
 # re-rank), then one benchmark run per model on the fastest fp32 backend (onednn) with both exit
 # rules, and the limits plots. Every step resumes: re-run the script after an interrupt.
 set -euo pipefail
@@ -40,6 +40,4 @@ $S bench --model smollm2-135m-instruct --kernels onednn --threads 2 --dataset bu
    --out $OUT/smollm2-self-spec-forced --resume
 
 # 5. README Results
-R=$OUT
-.venv/bin/python scripts/results_to_readme.py README.md $R/smollm2 $R/qwen1.5b $R/smollm2-mtbench $R/qwen1.5b-humaneval \
-   $R/smollm2-kernels $R/qwen1.5b-kernels $R/qwen1.5b-humaneval-int8 $R/smollm2-self-spec $R/qwen1.5b-self-spec
+bash scripts/readme_results.sh

@@ -1,4 +1,4 @@
-"""Issue 9 figures: MSN's central claim on this machine. Reads one benchmark run per model (base, plain
+"""MSN figures: MSN's central claim on this machine. Reads one benchmark run per model (base, plain
 SFT, MSN; each with ``jacobi`` and ``msn`` entries), both fine-tunes' training histories and quality
 reports, and writes ``summary.md``, ``summary.json`` and two plots into ``--out``:
 

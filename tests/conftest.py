@@ -93,10 +93,24 @@ def _test_home(tmp_path_factory):
         os.environ["SELFSPEC_HOME"] = REAL_HOME
 
 
+TIER_MARKERS = ("real_model", "slow")  # the tiers allowed to load a real model (README "Tests")
+_running: dict = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _running["item"] = item  # before its fixtures: module-scoped ones load models in the first test's setup
+
+
 def bundled_path(name: str) -> str:
-    """Directory of a bundled model in the user's real cache (pulled on first use)."""
+    """Directory of a bundled model in the user's real cache (pulled on first use). Only tests of the
+    ``real_model`` or ``slow`` tier may call it: the default tier needs no real model."""
     from selfspec.models import bundled
 
+    item = _running.get("item")
+    if item is not None and not any(item.get_closest_marker(m) for m in TIER_MARKERS):
+        pytest.fail(f"{item.nodeid} loads the real model {name}: mark it @pytest.mark.real_model (or slow)",
+                    pytrace=False)
     test_home = os.environ["SELFSPEC_HOME"]
     if REAL_HOME is None:
         os.environ.pop("SELFSPEC_HOME")

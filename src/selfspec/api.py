@@ -21,9 +21,7 @@ from .errors import SelfspecError
 from .models.bundled import DEFAULT_MODEL
 from .models.loading import LoadedModel, load_model
 from .models.selftest import tree_self_test
-from .registry import METHODS, BuildContext, method_config
-
-AUTO = "auto"  # method="auto": see selfspec.autoselect
+from .registry import AUTO, METHODS, BuildContext, method_config
 
 
 @dataclass

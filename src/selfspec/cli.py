@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .config import SAMPLING_MODES, seed_arg
 from .errors import SelfspecError
-from .options import method_options
+from .options import add_method_flags, method_options
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -23,9 +23,26 @@ RESET = "\x1b[0m"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        print(f"selfspec: error: {message} (see selfspec {self.prog.split()[-1]} --help)", file=sys.stderr)
+    def error(self, message: str) -> None:  # one line, exit 2, naming the help of the command at fault
+        print(f"selfspec: error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """As argparse's, but unknown options are reported by the (sub)command that was given
+        them, so the error points to ``selfspec generate --help``, not ``selfspec --help``."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._command(ns).error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
+    def _command(self, ns: argparse.Namespace) -> argparse.ArgumentParser:
+        """The innermost subcommand parser that ``ns`` selected (``self`` without one)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(ns, action.dest, None) or "")
+                if isinstance(chosen, _Parser):
+                    return chosen._command(ns)
+        return self
 
 
 def _version() -> str:
@@ -41,9 +58,9 @@ def _version() -> str:
 
 
 def _method_names() -> str:
-    from .registry import METHODS
+    from .registry import AUTO, AUTO_HELP, METHODS
 
-    return "auto (the fastest lossless method here, measured once and cached), " + ", ".join(
+    return f"{AUTO} ({AUTO_HELP}), " + ", ".join(
         f"{k}{'' if v.lossless else ' (NOT lossless)'}" for k, v in METHODS.items())
 
 
@@ -64,37 +81,14 @@ def _kernels_arg(many: bool):
 
 def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool = False) -> None:
     from .models.bundled import DEFAULT_MODEL
+    from .registry import AUTO
 
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"bundled name, local HF directory, .gguf file or hub id (default {DEFAULT_MODEL})")
     if method:
-        p.add_argument("--method", default="auto", help=f"decoding method: {_method_names()} (default auto)")
+        p.add_argument("--method", default=AUTO, help=f"decoding method: {_method_names()} (default {AUTO})")
         p.add_argument("--remeasure", action="store_true",
-                       help="--method auto: calibrate again instead of using the cached choice")
-    p.add_argument("--draft-model", default=None, help="draft for --method draft-model (same tokenizer)")
-    p.add_argument("--skip-config", default=None,
-                   help="self-spec: skip config JSON (default: the tuned one for --model, see selfspec tune)")
-    p.add_argument("--draft-exit", default=None, choices=["cost", "gamma"],
-                   help="self-spec: stop drafting by the measured cost budget (default) or the paper's "
-                        "adaptive confidence threshold gamma")
-    p.add_argument("--head", default=None,
-                   help="eagle2/hass: draft head directory (default: the trained one in $SELFSPEC_HOME/heads, "
-                        "see scripts/train_hass.sh)")
-    p.add_argument("--tree-tokens", type=int, default=None,
-                   help="eagle2/hass: tree size incl. the root (default: sized each step from the verify-cost profile)")
-    p.add_argument("--tree-top-k", type=int, default=None, help="eagle2/hass: children per expanded node (default 10)")
-    p.add_argument("--tree-depth", type=int, default=None, help="eagle2/hass: expansion rounds (default 5)")
-    p.add_argument("--sdsat-tree", default=None,
-                   help="sdsat: sampling tree, children per parent by depth (default the paper's "
-                        "4;3,2,2,1;3,2,2,1;3,2;3; '' = one sample per adaptive token)")
-    p.add_argument("--adaptive-ids", default=None,
-                   help="sdsat: adaptive token id(s) (default: from the fine-tuned model's selfspec_finetune.json)")
-    p.add_argument("--mask-id", type=int, default=None,
-                   help="space: the [MASK] token id (default: from the fine-tuned model's selfspec_finetune.json)")
-    p.add_argument("--k", type=int, default=None,
-                   help="draft length (fixed unless --auto-k is kept on; sdsat: adaptive tokens, space: masks per "
-                        "group, fixed; jacobi: guesses; msn: tree nodes)")
-    p.add_argument("--fixed-k", action="store_true", help="use --k as a fixed draft length instead of the cost profile")
+                       help=f"--method {AUTO}: calibrate again instead of using the cached choice")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (float32 gives exact greedy equality; default float32)")
@@ -105,6 +99,7 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
                         + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_method_flags(p)
 
 
 def _add_gen_args(p: argparse.ArgumentParser) -> None:
@@ -136,29 +131,31 @@ def _setup(args: argparse.Namespace) -> None:
     import torch
 
     from .config import GenerationConfig
-    from .registry import method_config
+    from .registry import AUTO, method_config
 
     if hasattr(args, "temperature"):  # validate everything cheap before loading a model
         GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                          top_k=args.top_k, seed=args.seed, stop=tuple(getattr(args, "stop", ())))
-    if getattr(args, "method", None) and args.method != "auto":
+    if getattr(args, "method", None):
         method_config(args.method, method_options(args, args.method))
-    elif getattr(args, "method", None):
-        method_options(args, "auto")
-    if getattr(args, "remeasure", False) and getattr(args, "method", None) not in (None, "auto"):
-        raise SelfspecError("--remeasure applies to --method auto only")
+    if getattr(args, "remeasure", False) and getattr(args, "method", None) not in (None, AUTO):
+        raise SelfspecError(f"--remeasure applies to --method {AUTO} only")
 
     if args.threads:
         torch.set_num_threads(args.threads)
 
 
-def _load(args: argparse.Namespace, method: str, model=None):
+def _load(args: argparse.Namespace, method: str | None = None, model=None):
+    """The generator of ``method`` with its options from the flags; without ``method``, the
+    baseline (no options), which ``demo`` runs beside ``--method``."""
     from .api import load
+    from .registry import AUTO, BASELINE
 
-    extra = {"remeasure": args.remeasure} if method == "auto" and getattr(args, "remeasure", False) else {}
-    return load(model=model or args.model, method=method, device=args.device, dtype=args.dtype,
+    opts = method_options(args, method) if method else {}
+    extra = {"remeasure": args.remeasure} if method == AUTO and getattr(args, "remeasure", False) else {}
+    return load(model=model or args.model, method=method or BASELINE, device=args.device, dtype=args.dtype,
                 trust_remote_code=args.trust_remote_code, kernels=None if model else args.kernels,
-                **extra, **method_options(args, method))
+                **extra, **opts)
 
 
 def kernels_label(kernels: str, device: str = "cpu") -> str:
@@ -226,7 +223,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         import secrets
 
         kw["seed"] = secrets.randbits(31)
-    ar = _load(args, "ar")
+    ar = _load(args)  # the baseline
     spec = _load(args, args.method, model=ar.target)
     target = ar.target
     ids = encode_prompt(target.tokenizer, prompt, kw["chat"], target.model.config.vocab_size)
@@ -305,10 +302,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.runner import BenchOptions, run_bench
-    from .registry import METHODS
+    from .registry import AUTO, BASELINE, METHODS
 
     _setup(args)
-    flags = {m: method_options(args, m, strict=False) for m in (*METHODS, "auto") if m != "ar"}
+    flags = {m: method_options(args, m, strict=False) for m in (*METHODS, AUTO) if m != BASELINE}
     return run_bench(BenchOptions.from_namespace(args, flags))
 
 
@@ -354,10 +351,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     """Search the method's configuration on calibration prompts and write it where load finds it."""
     from .models.loading import load_model
-    from .tune import TuneOptions, tune_self_spec
+    from .tune import TUNERS, TuneOptions
 
-    if args.method != "self-spec":
-        raise SelfspecError(f"selfspec tune supports --method self-spec only, not {args.method!r}")
+    if args.method not in TUNERS:
+        raise SelfspecError(f"selfspec tune supports --method {', '.join(TUNERS)} only, not {args.method!r}")
     opts = TuneOptions(objective=args.objective, trials=args.trials, time_budget=args.time_budget,
                        prompts=args.prompts or "", category=args.calib_category or "", num_prompts=args.calib_prompts,
                        new_tokens=args.calib_tokens, draft_exit=args.draft_exit, rerank=args.rerank, seed=args.seed,
@@ -368,7 +365,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     target = load_model(args.model, args.device, args.dtype, args.trust_remote_code, kernels=args.kernels)
-    cfg, path = tune_self_spec(target, opts)
+    cfg, path = TUNERS[args.method](target, opts)
     s = cfg.search
     what = (f"measured {s.get('tokens_per_s', 0):.1f} tok/s, {s.get('speedup', 0):.2f}x ar" if args.objective == "speed"
             else f"predicted {s['score']:.2f}x ar, top-1 agreement {s['top1_agreement']:.2f}"
@@ -558,9 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--remeasure", action="store_true", help="measure again even if a profile is cached")
     pr.set_defaults(func=cmd_profile)
 
-    t = sub.add_parser("tune", help="search a method's configuration (self-spec: which sub-layers the draft skips)")
+    from .tune import TUNES
+
+    tunable = "; ".join(f"{m}: {what}" for m, what in TUNES.items())
+    t = sub.add_parser("tune", help=f"search a method's configuration ({tunable})")
     t.add_argument("model", help="bundled name, local HF directory, .gguf file or hub id")
-    t.add_argument("--method", default="self-spec", help="method to tune (self-spec)")
+    t.add_argument("--method", default=next(iter(TUNES)), help=f"method to tune ({', '.join(TUNES)})")
     t.add_argument("--objective", default="speed", choices=["speed", "proxy"],
                    help="speed: measured decode tokens/s (default, the paper's); proxy: teacher-forced agreement "
                         "with a measured cost model (cheaper, deterministic)")

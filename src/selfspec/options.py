@@ -81,44 +81,62 @@ def _flag_kind(flag: str, uses: list[FlagUse]) -> dict:
     return kw
 
 
-def _flag_help(uses: list[FlagUse]) -> str:
-    """``"pld, draft-model: HELP (default 10); jacobi: ..."``: what the flag sets for each method
-    (methods with the same help and default share one entry)."""
+def _flag_help(flag: str, every: dict[str, list[FlagUse]]) -> str:
+    """What ``flag`` sets for each method, e.g. ``"pld, draft-model (k): HELP (default 10);
+    jacobi (m): ..."`` (methods with the same field, help and default share one entry), and for
+    which methods it changes what another flag sets."""
     groups: dict[tuple, list[str]] = {}
-    for u in uses:
-        groups.setdefault((u.help, u.default, u.value, u.when, u.unless), []).append(u.method)
+    for u in every[flag]:
+        groups.setdefault((u.field, u.help, u.default, u.value, u.when, u.unless), []).append(u.method)
     parts = []
-    for (text, default, value, when, unless), methods in groups.items():
-        cond = f" (with {when})" if when else f" (without {unless})" if unless else ""
-        shown = value is None and default not in (None, "")
-        parts.append(f"{', '.join(methods)}{cond}: {text}{f' (default {default})' if shown else ''}")
+    for (field, text, default, value, when, unless), methods in groups.items():
+        cond = f", with {when}" if when else f", without {unless}" if unless else ""
+        who = ", ".join(methods)
+        if value is not None:  # a switch
+            parts.append(f"{who}: sets {field} to {value} ({field}: {text})")
+        else:
+            shown = default not in (None, "")
+            parts.append(f"{who} ({field}{cond}): {text}{f' (default {default})' if shown else ''}")
+    for other, uses in every.items():
+        for u in uses:
+            if u.when == flag:
+                parts.append(f"{u.method}: with {flag}, {other} sets {u.field}")
     return "; ".join(parts).replace("%", "%%")
 
 
 def add_method_flags(p: argparse.ArgumentParser) -> None:
     """Add every method flag to ``p``, with help from the config fields it sets."""
-    group = p.add_argument_group("method options", "each flag sets an option of the methods it names")
-    for flag, uses in flag_uses().items():
-        group.add_argument(flag, dest=_dest(flag), help=_flag_help(uses), **_flag_kind(flag, uses))
+    group = p.add_argument_group("method options", "each flag sets an option of the methods it names (the "
+                                                   "option's name in brackets: the API keyword and the key of "
+                                                   "selfspec bench --methods METHOD:key=value)")
+    every = flag_uses()
+    for flag, uses in every.items():
+        group.add_argument(flag, dest=_dest(flag), help=_flag_help(flag, every), **_flag_kind(flag, uses))
 
 
 def _given(args: argparse.Namespace, flag: str) -> bool:
-    return getattr(args, _dest(flag), None) not in (None, False)
+    value = getattr(args, _dest(flag), None)
+    return value is not None and value is not False  # --k 0 is given
 
 
 def method_options(args: argparse.Namespace, method: str, strict: bool = True) -> dict:
     """Method keyword options from the method flags in ``args`` (``strict``: refuse flags the
     method does not use)."""
+    from .registry import AUTO
+
+    every = flag_uses()
+    used = {f for uses in every.values() for u in uses if u.method == method for f in (u.when, u.unless) if f}
     opts: dict = {}
-    for flag, uses in flag_uses().items():
+    for flag, uses in every.items():
         if not _given(args, flag):
             continue
         mine = [u for u in uses if u.method == method]
         for u in mine:
             if (u.when is None or _given(args, u.when)) and (u.unless is None or not _given(args, u.unless)):
                 opts[u.field] = u.value if u.value is not None else getattr(args, _dest(flag))
-        if strict and not mine:
-            users = list(dict.fromkeys(u.method for u in uses))
-            raise SelfspecError(f"{flag} does not apply to --method {method}; it sets options of "
-                                f"{', '.join(users)}")
+        if strict and not mine and flag not in used:
+            users = ", ".join(dict.fromkeys([u.method for u in uses] + [
+                u.method for other in every.values() for u in other if flag in (u.when, u.unless)]))
+            note = " (auto chooses the method and its settings itself)" if method == AUTO else ""
+            raise SelfspecError(f"{flag} does not apply to --method {method}{note}; it sets options of {users}")
     return opts

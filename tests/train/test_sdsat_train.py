@@ -197,20 +197,20 @@ def test_interrupted_run_resumes_to_the_same_model(tiny_dir, data_file, tmp_path
     weights as a run that was never interrupted."""
     from safetensors.torch import load_file
 
-    import selfspec.train.finetune as finetune_mod
+    import selfspec.train.loop as loop_mod
 
     monkeypatch.setattr(pipeline, "evaluation_prompts", lambda: ["w90 w91"])
     args = ("--max-steps", "6", "--checkpoint-every", "3", "--lr", "3e-3", "--lora-rank", "4")
     assert train(tiny_dir, data_file, tmp_path / "whole", *args) == 0
-    real = finetune_mod._checkpoint
+    real = loop_mod._checkpoint
 
     def stop_after_first(acc, ckdir, state):
         real(acc, ckdir, state)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(finetune_mod, "_checkpoint", stop_after_first)
+    monkeypatch.setattr(loop_mod, "_checkpoint", stop_after_first)
     assert train(tiny_dir, data_file, tmp_path / "cut", *args) == 130
-    monkeypatch.setattr(finetune_mod, "_checkpoint", real)
+    monkeypatch.setattr(loop_mod, "_checkpoint", real)
     assert train(tiny_dir, data_file, tmp_path / "cut", *args, "--resume") == 0
     h_whole = json.loads((tmp_path / "whole" / "train" / "history.json").read_text())["history"]
     h_cut = json.loads((tmp_path / "cut" / "train" / "history.json").read_text())["history"]

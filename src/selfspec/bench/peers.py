@@ -7,11 +7,11 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
+from ..core.timing import Stopwatch
 from ..errors import SelfspecError
 
 PEERS = ("hf", "hf-assisted", "hf-pld")
@@ -47,11 +47,6 @@ def run_peer(peer: str, model: torch.nn.Module, prompt_ids: list[int], max_new_t
         kw["assistant_model"] = draft
     elif peer == "hf-pld":
         kw["prompt_lookup_num_tokens"] = pld_tokens
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
+    with Stopwatch(device) as watch, torch.inference_mode():
         out = model.generate(ids, **kw)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return PeerOutput(out[0, len(prompt_ids) :].tolist(), time.perf_counter() - t0)
+    return PeerOutput(out[0, len(prompt_ids) :].tolist(), watch.seconds)

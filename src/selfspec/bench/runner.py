@@ -225,6 +225,7 @@ def run_bench(args: BenchOptions) -> int:
     backends = args.kernels.split(",")
     generators: dict = {}
     backend_of: dict[str, str] = {}
+    options_of: dict[str, dict] = {}  # the options each generator was loaded with
     target = load_model(args.model, args.device, args.dtype, args.trust_remote_code)
     for i, b in enumerate(backends):
         b = target.use_kernels(b, keep=True)  # resolves auto
@@ -236,13 +237,17 @@ def run_bench(args: BenchOptions) -> int:
             name = entry_name(g.method if base_method == "auto" else m, b)  # auto: named as it ran, auto→pld
             generators[name] = g
             backend_of[name] = b
+            options_of[name] = {**opts, **extra}
     backends = list(dict.fromkeys(backends))
     target.use_kernels("stock", keep=True)
     draft_model = None
-    if "hf-assisted" in peers:
-        if "draft-model" in generators:
-            draft_model = generators["draft-model"].drafter.draft
-        else:
+    if "hf-assisted" in peers:  # reuse a method's copy of --draft-model where one runs on stock kernels
+        from ..registry import draft_model_of
+
+        draft_model = next((draft_model_of(g) for name, g in generators.items()
+                            if backend_of[name] == "stock" and draft_model_of(g) is not None
+                            and options_of[name].get("draft_model") == args.draft_model), None)
+        if draft_model is None:
             draft_model = load_model(args.draft_model, args.device, args.dtype, args.trust_remote_code).model
 
     meta = {"model": args.model, "draft_model": args.draft_model, "dataset": args.dataset, "prompts": len(prompts),

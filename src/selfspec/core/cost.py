@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from . import kv_cache
+from .timing import Stopwatch
 
 DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 PROFILE_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # ``selfspec profile``, capped at --max-q
@@ -329,13 +330,9 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
         for q in qs:
             ids = torch.randint(0, vocab, (1, q), generator=g).to(device)
             pos = torch.arange(context, context + q, device=device)[None]
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            model(input_ids=ids, position_ids=pos, **kv_cache.cache_arg(model, cache), use_cache=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            dt = time.perf_counter() - t0
+            with Stopwatch(device) as watch:
+                model(input_ids=ids, position_ids=pos, **kv_cache.cache_arg(model, cache), use_cache=True)
+            dt = watch.seconds
             kv_cache.truncate(cache, context)
             if r > 0:
                 times[q].append(dt)

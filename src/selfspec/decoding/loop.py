@@ -5,7 +5,6 @@ Every method, ``ar`` included, runs through :func:`run`; they differ only in the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import torch
@@ -14,14 +13,10 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
 from ..core.cost import profile_of
 from ..core.sampling import sample
+from ..core.timing import now
 from ..models.adapter import forward_block
 from .protocol import Drafter, Proposal
 from .state import DecodeState, VerifyOutput
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def choose_token(state: DecodeState, logits: torch.Tensor) -> int:
@@ -36,7 +31,7 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
     """Run the prompt (all but nothing: the whole prompt, like ``generate``), choose the first
     token, and hand the prompt forward to the drafter. Returns the committed first token(s)."""
     device = next(model.parameters()).device
-    t0 = time.perf_counter()
+    t0 = now()
     prompt = torch.tensor(state.ids, dtype=torch.long)
     out = model(
         input_ids=prompt.to(device)[None],
@@ -47,14 +42,13 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
     )
     logits = out.logits[0, -1].float()
     first = choose_token(state, logits)
-    _sync(device)
-    state.stats.prefill_s += time.perf_counter() - t0
+    state.stats.prefill_s += now(device) - t0
     hidden = tuple(h[0] for h in out.hidden_states) if drafter.needs_hidden else None
     kept = state.commit([first])
     state.stats.record(0, 0, len(kept))
-    t1 = time.perf_counter()
+    t1 = now()
     drafter.prefill(state, VerifyOutput(0, logits[None], None, hidden))
-    state.stats.draft_s += time.perf_counter() - t1
+    state.stats.draft_s += now() - t1
     return kept
 
 
@@ -102,7 +96,7 @@ def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> Iterato
     profile = profile_of(drafter)  # verify times correct it online (used from the next load on)
     yield prefill(state, model, drafter)
     while not state.done:
-        t0 = time.perf_counter()
+        t0 = now()  # draft time: t0..t1 and t2..t3; verify time: t1..t2 (synced: the device's work)
         proposal = drafter.propose(state)
         tree = proposal.tree.truncate_depth(state.draft_room)
         if tree is not proposal.tree:
@@ -111,21 +105,18 @@ def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> Iterato
             raise RuntimeError(f"drafter {drafter.name} is registered lossless but replaced the acceptance rule")
         if tree.token_list[0] != state.pending:
             raise RuntimeError(f"drafter {drafter.name} proposed a tree whose root is not the pending token")
-        _sync(device)
-        t1 = time.perf_counter()
+        t1 = now(device)
         out = verify(state, model, proposal, drafter.needs_hidden)
         if profile is not None:
-            _sync(device)
             pig = proposal.piggyback
-            profile.observe(tree.size + (pig.tokens.numel() if pig is not None else 0), time.perf_counter() - t1)
+            profile.observe(tree.size + (pig.tokens.numel() if pig is not None else 0), now(device) - t1)
         verdict = accept(state, proposal, out)
         kv_cache.commit(state.cache, out.base, verdict.accepted_nodes)
-        _sync(device)
-        t2 = time.perf_counter()
+        t2 = now(device)
         new = tree.path_tokens(verdict.accepted_nodes[1:]) + [verdict.bonus_token]
         kept = state.commit(new)
         drafter.observe(state, proposal, verdict, out)
-        t3 = time.perf_counter()
+        t3 = now()
         state.stats.draft_s += (t1 - t0) + (t3 - t2)
         state.stats.verify_s += t2 - t1
         state.stats.record(int(tree.depths.max()), verdict.num_accepted, len(kept))

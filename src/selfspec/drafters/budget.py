@@ -1,18 +1,197 @@
-"""Draft length from the measured verify cost profile and the acceptance seen so far.
+"""The draft-budget toolkit: how much to draft, from the measured verify cost profile and the
+acceptance seen so far. Every drafter that sizes its drafts uses these pieces:
+
+* :func:`best_rate` - THE valuation: the draft size with the most expected tokens per unit of
+  verify cost, against a plain step's one token per T(1) (:data:`PLAIN_RATE`).
+  :func:`expected_tokens` and :func:`prefix_products` turn acceptance chances into its input.
+* :class:`ProbeSchedule` - THE back-off: while drafting does not pay, draft anyway every
+  :data:`FIRST_PROBE` steps so the estimates can recover; the interval doubles after each probe
+  up to :data:`MAX_PROBE` and resets once drafting pays, so a draft that never pays costs ever less.
+* :class:`DecayedRates` - acceptance estimates with exponential forgetting, started from a prior.
+* :class:`Backoff` - the same schedule driven by measured tokens per second (EAGLE trees).
+* Timing comes from :mod:`selfspec.core.timing` (it syncs on CUDA). Under rejection sampling
+  (``state.rejection``) drafters never size drafts from the wall clock: they pass ``None``
+  seconds and skip timing-driven decisions, so a draft depends on the request alone.
 
 For a chain of k drafts, each accepted with probability alpha (the online estimate), the
 expected tokens per step are ``(1 - alpha^(k+1)) / (1 - alpha)`` and the cost is
 ``T(k+1) + k * c`` in units of T(1), where ``c`` is the measured cost of drafting one token.
-The budget picks the k with the best tokens per unit cost.
+:class:`ChainBudget` picks the k with the best tokens per unit cost.
 
 :class:`PositionalAcceptance` keeps the acceptance of each draft position separately (the
 fine-tuned self-drafting methods, whose position j is a different token - adaptive token or mask
-j - with its own accuracy); methods price a loop by overriding ``value``.
+j - with its own accuracy); methods price a loop by overriding ``first_tokens`` and ``cost``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+
 from ..core.cost import CostProfile
+
+PLAIN_RATE = 1.0
+"""Tokens per T(1) of a plain (undrafted) step: a draft size must beat it to be worth verifying."""
+FIRST_PROBE = 8
+"""Steps between probe drafts once drafting stops paying."""
+MAX_PROBE = 64
+"""The longest probe interval: it doubles after each probe, up to this."""
+PRIOR_WEIGHT = 2.0
+"""Pseudo-observations behind a prior acceptance (how fast real observations override it)."""
+CHAIN_DECAY = 0.95
+"""Weight of past observations per drafting step in :class:`ChainBudget`'s single acceptance rate."""
+RATE_DECAY = 0.97
+"""Weight of past observations per verified step in per-position / per-node rates
+(:class:`PositionalAcceptance`, MSN's template nodes): each sees fewer observations per step."""
+COST_EMA = 0.8
+"""Weight of the past in the moving estimates of measured seconds (draft cost per token in
+:class:`ChainBudget`; tokens and seconds of drafted steps in :class:`Backoff`)."""
+
+
+def prefix_products(rates: Iterable[float]) -> list[float]:
+    """``[a_1, a_1 a_2, ...]``: the chance that drafts 1..j are all accepted, from the acceptance
+    ``a_j`` of draft j given the ones before it were accepted (or each draft's confidence)."""
+    out, p = [], 1.0
+    for a in rates:
+        p *= a
+        out.append(p)
+    return out
+
+
+def expected_tokens(accepted: Iterable[float], first: float = 1.0) -> list[float]:
+    """Expected tokens committed by verifying the first n drafts, for n = 1, 2, ...: ``first``
+    (what a step commits for sure: the target's own token) plus the chance of each of drafts
+    1..n being accepted (``accepted[j]``: draft j and every draft before it on its path)."""
+    out, total = [], first
+    for a in accepted:
+        total += a
+        out.append(total)
+    return out
+
+
+def best_rate(tokens: Sequence[float], cost: Callable[[int], float],
+              sizes: Iterable[int] | None = None) -> tuple[int, float]:
+    """The draft size with the most expected tokens per unit of verify cost.
+
+    Args:
+        tokens: ``tokens[n - 1]``, the expected tokens of verifying n drafts.
+        cost: the cost of that step (units of T(1), or seconds: the caller's choice).
+        sizes: the sizes considered (default ``1 .. len(tokens)``).
+
+    Returns:
+        the best size n (the smallest one on ties; 0 if ``sizes`` is empty) and its rate
+        ``tokens[n - 1] / cost(n)``. Drafting pays if the rate beats a plain step's
+        (:data:`PLAIN_RATE` in units of T(1)); the caller decides what to do if it does not.
+    """
+    best_n, best = 0, float("-inf")
+    for n in range(1, len(tokens) + 1) if sizes is None else sizes:
+        rate = tokens[n - 1] / cost(n)
+        if rate > best:
+            best_n, best = n, rate
+    return best_n, best
+
+
+class ProbeSchedule:
+    """Back-off while drafting does not pay: a probe draft every ``every`` steps, the interval
+    doubling after each probe (up to ``max_probe``) and back at ``first_probe`` once drafting pays.
+
+    Attributes:
+        every: the current interval; since: steps waited since the last probe.
+    """
+
+    def __init__(self, first_probe: int = FIRST_PROBE, max_probe: int = MAX_PROBE) -> None:
+        self.first_probe, self.max_probe = first_probe, max_probe
+        self.every, self.since = first_probe, 0
+
+    def pays(self) -> None:
+        """Drafting pays: the next back-off starts at the first interval."""
+        self.every = self.first_probe
+
+    def due(self) -> bool:
+        """One step on which drafting does not pay: True when a probe is due (the interval then
+        doubles, up to ``max_probe``)."""
+        self.since += 1
+        if self.since < self.every:
+            return False
+        self.since = 0
+        self.every = min(2 * self.every, self.max_probe)
+        return True
+
+    def pick(self, best: int, rate: float, probe: int | None = None) -> int:
+        """The draft size for this step, given :func:`best_rate`'s ``best`` size and its ``rate``
+        (units of T(1)): ``best`` when it pays; else ``probe`` (default ``best``) when a probe is
+        due, else 0 (a plain step)."""
+        if not best:
+            return 0
+        if rate > PLAIN_RATE:
+            self.pays()
+            return best
+        return (best if probe is None else probe) if self.due() else 0
+
+
+class DecayedRates:
+    """Acceptance of each of a fixed set of slots (draft positions, tree template nodes): hits per
+    try with exponential forgetting, from a prior worth :data:`PRIOR_WEIGHT` observations."""
+
+    def __init__(self, prior: Iterable[float], decay: float = RATE_DECAY) -> None:
+        self.decay = decay
+        self.hits = [PRIOR_WEIGHT * a for a in prior]
+        self.tries = [PRIOR_WEIGHT] * len(self.hits)
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    def rate(self, j: int) -> float:
+        return self.hits[j] / self.tries[j]
+
+    def rates(self) -> list[float]:
+        return [h / t for h, t in zip(self.hits, self.tries)]
+
+    def observe(self, j: int, hit: bool) -> None:
+        """Slot ``j`` was verified (tried) and accepted or not."""
+        self.tries[j] = self.tries[j] * self.decay + 1.0
+        self.hits[j] = self.hits[j] * self.decay + (1.0 if hit else 0.0)
+
+
+class Backoff:
+    """Plain decoding while drafted steps commit fewer tokens per second than plain decoding
+    (1 / T(1)); probes follow a :class:`ProbeSchedule`. Fed measured seconds, so never under
+    rejection sampling (see module docstring).
+
+    Args:
+        t1: seconds of a one-token verify (the ar step), or None to always draft.
+        min_steps: drafted steps measured before drafting may be switched off.
+    """
+
+    def __init__(self, t1: float | None, min_steps: int = 4, first_probe: int = FIRST_PROBE,
+                 max_probe: int = MAX_PROBE) -> None:
+        self.t1 = t1
+        self.min_steps = min_steps
+        self.schedule = ProbeSchedule(first_probe, max_probe)
+        self.tokens = self.seconds = 0.0  # exponential moving sums over drafted steps
+        self.steps = 0
+        self.off = False
+
+    @property
+    def probe_every(self) -> int:
+        return self.schedule.every
+
+    def draft_now(self) -> bool:
+        return not self.off or self.schedule.due()
+
+    def record(self, committed: int, seconds: float) -> None:
+        """One drafted step committed ``committed`` tokens in ``seconds`` (draft + verify)."""
+        if self.t1 is None:
+            return
+        self.tokens = COST_EMA * self.tokens + committed
+        self.seconds = COST_EMA * self.seconds + seconds
+        self.steps += 1
+        pays = self.tokens / self.seconds >= 1.0 / self.t1
+        if self.off:  # a probe
+            self.off = not pays
+            if pays:
+                self.schedule.pays()
+        elif self.steps >= self.min_steps and not pays:
+            self.off, self.schedule.since = True, 0
 
 
 class ChainBudget:
@@ -23,32 +202,25 @@ class ChainBudget:
         k: fixed draft length when ``profile`` is None; otherwise the largest k considered.
         prior_alpha: acceptance assumed before anything was observed.
         decay: weight of old observations per step (exponential forgetting).
-        probe_every: draft at least one token every this many steps even when k = 0 looks best,
-            so the acceptance estimate can recover; the interval doubles after each probe that
-            leaves drafting unprofitable (up to ``max_probe_every``) and resets once it pays, so
-            a draft that never pays costs ever less.
-        max_probe_every: the longest probe interval.
+        probe_every / max_probe_every: the :class:`ProbeSchedule` of drafts (at the best length)
+            while k = 0 looks best, so the acceptance estimate can recover.
     """
 
     def __init__(self, profile: CostProfile | None, k: int, prior_alpha: float = 0.6,
-                 decay: float = 0.95, probe_every: int = 8, max_probe_every: int = 64) -> None:
+                 decay: float = CHAIN_DECAY, probe_every: int = FIRST_PROBE,
+                 max_probe_every: int = MAX_PROBE) -> None:
         self.profile = profile
         self.k = k
         self.decay = decay
-        self.probe_every = probe_every
-        self.max_probe_every = max_probe_every
-        self._interval = probe_every
+        self.probe = ProbeSchedule(probe_every, max_probe_every)
         # pseudo-counts of accepted drafts and rejections (a geometric model's sufficient stats)
-        self.accepted = 2.0 * prior_alpha
-        self.rejected = 2.0 * (1.0 - prior_alpha)
-        self.draft_cost = 0.0  # seconds per drafted token, running estimate
-        self._since_probe = 0
+        self.set_prior(prior_alpha, 0.0)  # draft_cost: seconds per drafted token, running estimate
 
     def set_prior(self, alpha: float, draft_seconds: float) -> None:
         """Start from a known acceptance and per-token draft cost (e.g. measured when the draft
         was tuned) instead of the generic prior and a free draft, so a draft that does not pay
         is not tried at length before the estimates catch up."""
-        self.accepted, self.rejected = 2.0 * alpha, 2.0 * (1.0 - alpha)
+        self.accepted, self.rejected = PRIOR_WEIGHT * alpha, PRIOR_WEIGHT * (1.0 - alpha)
         self.draft_cost = draft_seconds
 
     @property
@@ -61,19 +233,9 @@ class ChainBudget:
             return min(self.k, room)
         a = min(self.alpha, 0.999)
         c = self.draft_cost / self.profile.t1 if self.profile.t1 > 0 else 0.0
-        gains = {k: (1 - a ** (k + 1)) / (1 - a) / (self.profile.ratio(k + 1) + k * c)
-                 for k in range(1, min(self.k, room) + 1)}
-        best_k = max(gains, key=gains.get) if gains else 0
-        if best_k and gains[best_k] > 1.0:
-            self._interval = self.probe_every
-            return best_k
-        if best_k:  # drafting does not pay at this acceptance: probe now and then, at the best length
-            self._since_probe += 1
-            if self._since_probe >= self._interval:
-                self._since_probe = 0
-                self._interval = min(2 * self._interval, self.max_probe_every)
-                return best_k
-        return 0
+        tokens = [(1 - a ** (k + 1)) / (1 - a) for k in range(1, min(self.k, room) + 1)]
+        best_k, rate = best_rate(tokens, lambda k: self.profile.ratio(k + 1) + k * c)
+        return self.probe.pick(best_k, rate)  # does not pay: probe now and then, at the best length
 
     def best_prefix(self, confidences: list[float]) -> int:
         """How many of the drafted tokens to verify, given each one's draft confidence.
@@ -85,14 +247,8 @@ class ChainBudget:
         """
         if self.profile is None or not confidences:
             return len(confidences)
-        best_d, best, expected, p_all = 0, 1.0, 1.0, 1.0
-        for d, conf in enumerate(confidences, start=1):
-            p_all *= conf
-            expected += p_all
-            value = expected / self.profile.ratio(d + 1)
-            if value > best:
-                best_d, best = d, value
-        return best_d
+        best_d, rate = best_rate(expected_tokens(prefix_products(confidences)), lambda d: self.profile.ratio(d + 1))
+        return best_d if rate > PLAIN_RATE else 0
 
     def update(self, proposed: int, accepted: int, draft_seconds: float | None = None,
                drafted: int | None = None) -> None:
@@ -104,35 +260,46 @@ class ChainBudget:
         drafted = proposed if drafted is None else drafted
         if draft_seconds is not None and drafted > 0:
             per_tok = draft_seconds / drafted
-            self.draft_cost = per_tok if self.draft_cost == 0 else 0.8 * self.draft_cost + 0.2 * per_tok
+            self.draft_cost = per_tok if self.draft_cost == 0 else COST_EMA * self.draft_cost + (1 - COST_EMA) * per_tok
 
 
 class PositionalAcceptance:
     """Acceptance of draft position j given positions < j were accepted, with exponential
-    forgetting; chooses k from a cost profile (see module docstring)."""
+    forgetting; chooses k from a cost profile (see module docstring).
+
+    A loop of k drafts commits ``first_tokens`` for sure plus drafts 1..j with the product of
+    their acceptances, at a cost of :meth:`cost` (units of T(1)); subclasses price their loop by
+    overriding both.
+    """
+
+    first_tokens = 2.0  # the draft step's own token and the verify step's bonus token
 
     def __init__(self, profile: CostProfile | None, max_k: int, prior: list[float] | None = None,
-                 decay: float = 0.97, first_probe: int = 8, max_probe: int = 64) -> None:
-        self.profile, self.max_k, self.decay = profile, max_k, decay
+                 decay: float = RATE_DECAY, first_probe: int = FIRST_PROBE, max_probe: int = MAX_PROBE) -> None:
+        self.profile, self.max_k = profile, max_k
         prior = list(prior or [])
-        self.hits = [2.0 * (prior[j] if j < len(prior) else 0.3) for j in range(max_k)]
-        self.tries = [2.0] * max_k
-        self.first_probe, self.max_probe = first_probe, max_probe
-        self.probe_every, self.since = first_probe, 0
+        self.acceptance = DecayedRates([prior[j] if j < len(prior) else 0.3 for j in range(max_k)], decay)
+        self.probe = ProbeSchedule(first_probe, max_probe)
 
     def rates(self) -> list[float]:
-        return [h / t for h, t in zip(self.hits, self.tries)]
+        return self.acceptance.rates()
+
+    def cost(self, k: int, verify_tokens: int | None = None) -> float:
+        """T(k + 1) of the draft step plus T(``verify_tokens``) (default k + 1, a chain) of the
+        verify step, in units of T(1)."""
+        return self.profile.ratio(k + 1) + self.profile.ratio(verify_tokens or k + 1)
+
+    def tokens(self, k: int) -> list[float]:
+        """Expected tokens of loops of 1 .. k drafts (positions past ``max_k`` add nothing)."""
+        out = expected_tokens(prefix_products(self.rates()[:k]), self.first_tokens)
+        return out + out[-1:] * (k - len(out))
 
     def value(self, k: int, verify_tokens: int | None = None) -> float:
-        """Expected tokens per T(1) of a loop with k adaptive tokens whose verify step runs
-        ``verify_tokens`` tokens (default k + 1, a chain); k = 0 (plain steps) is 1."""
+        """Expected tokens per T(1) of a loop with k drafts whose verify step runs
+        ``verify_tokens`` tokens (default: the method's); k = 0 (plain steps) is 1."""
         if k == 0 or self.profile is None:
-            return 1.0
-        expected, p = 2.0, 1.0
-        for a in self.rates()[:k]:
-            p *= a
-            expected += p
-        return expected / (self.profile.ratio(k + 1) + self.profile.ratio(verify_tokens or k + 1))
+            return PLAIN_RATE
+        return self.tokens(k)[-1] / self.cost(k, verify_tokens)
 
     def choose(self, room: int, tree: tuple[int, int] | None = None) -> int:
         """k for the next loop (0 = a plain step), at most ``room``. ``tree`` = (depth, nodes) of a
@@ -143,19 +310,9 @@ class PositionalAcceptance:
             ks, size = ([tree[0]] if room >= 1 else []), tree[1]
         else:
             ks, size = range(1, min(self.max_k, room) + 1), None
-        best = max(ks, key=lambda k: self.value(k, size), default=0)
-        if best and self.value(best, size) > 1.0:
-            self.probe_every = self.first_probe
-            return best
-        if best:
-            self.since += 1
-            if self.since >= self.probe_every:
-                self.since = 0
-                self.probe_every = min(2 * self.probe_every, self.max_probe)
-                return best
-        return 0
+        best, rate = best_rate(self.tokens(max(ks, default=0)), lambda k: self.cost(k, size), ks)
+        return self.probe.pick(best, rate)
 
     def update(self, proposed: int, accepted: int) -> None:
         for j in range(min(proposed, accepted + 1, self.max_k)):
-            self.hits[j] = self.hits[j] * self.decay + (1.0 if j < accepted else 0.0)
-            self.tries[j] = self.tries[j] * self.decay + 1.0
+            self.acceptance.observe(j, j < accepted)

@@ -8,7 +8,6 @@ its cache back to the longest prefix that is still committed.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
+from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -34,7 +34,7 @@ class DraftModelConfig:
     auto_k: bool = option(True, "size each draft from the measured verify-cost profile, draft cost and "
                                 "acceptance, up to k: stop drafting once the product of the draft's confidences "
                                 "falls below min_confidence and verify the prefix with the most expected tokens "
-                                "per unit of verify cost; --fixed-k turns it off", flag="--fixed-k", value=False)
+                                "per unit of verify cost", flag="--fixed-k", value=False)
     min_confidence: float = option(0.3, "with auto_k: the confidence product below which drafting stops")
 
     def __post_init__(self) -> None:
@@ -113,7 +113,7 @@ class DraftModelDrafter:
         k = self.budget.choose(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
-        t0 = time.perf_counter()
+        watch = Stopwatch(self.device)
         logits = self._forward(state.ids[self.length :])
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
@@ -143,9 +143,7 @@ class DraftModelDrafter:
         self._drafted = len(tokens)
         keep = self.budget.best_prefix(confidences)
         tokens, qs = tokens[:keep], qs[:keep]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self._last_draft_s = time.perf_counter() - t0
+        self._last_draft_s = watch.elapsed()
         probs = None
         if qs and tokens:
             probs = torch.stack([torch.zeros_like(qs[0]), *qs])

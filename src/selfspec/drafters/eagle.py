@@ -29,7 +29,6 @@ renormalises ``p`` without it (lossless; see ``core/acceptance.py``).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -37,11 +36,13 @@ import torch
 from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
+from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..heads.eagle import EagleHead
+from .budget import PLAIN_RATE, Backoff, best_rate
 from .spec import BuildContext, MethodSpec, check_numbers, need, option
 
 
@@ -118,51 +119,10 @@ def best_size(path_probs: torch.Tensor, draft_s: float, profile: CostProfile | N
     cap = min(int(path_probs.numel()), max_tokens - 1)
     if profile is None:
         return cap
-    best_n, best_rate = 0, 1.0 / (draft_s + profile.t1)
     gains = torch.sort(path_probs, descending=True).values.cumsum(0).tolist()
-    for n in range(1, cap + 1):
-        rate = (1.0 + gains[n - 1]) / (draft_s + profile.t1 * profile.ratio(n + 1))
-        if rate > best_rate:
-            best_n, best_rate = n, rate
-    return best_n
-
-
-class Backoff:
-    """Plain decoding while drafting does not pay (see ``EagleConfig.backoff``).
-
-    Attributes:
-        t1: seconds of a one-token verify (the ar step), or None to always draft.
-    """
-
-    def __init__(self, t1: float | None, min_steps: int = 4, first_probe: int = 8, max_probe: int = 64) -> None:
-        self.t1 = t1
-        self.min_steps, self.first_probe, self.max_probe = min_steps, first_probe, max_probe
-        self.tokens = self.seconds = 0.0  # exponential moving sums over drafted steps
-        self.steps = 0
-        self.off = False
-        self.probe_every = first_probe
-        self.since = 0
-
-    def draft_now(self) -> bool:
-        if not self.off:
-            return True
-        self.since += 1
-        return self.since >= self.probe_every
-
-    def record(self, committed: int, seconds: float) -> None:
-        """One drafted step committed ``committed`` tokens in ``seconds`` (draft + verify)."""
-        if self.t1 is None:
-            return
-        self.tokens = 0.8 * self.tokens + committed
-        self.seconds = 0.8 * self.seconds + seconds
-        self.steps += 1
-        pays = self.tokens / self.seconds >= 1.0 / self.t1
-        if self.off:
-            self.since = 0
-            self.off = not pays
-            self.probe_every = self.first_probe if pays else min(self.max_probe, 2 * self.probe_every)
-        elif self.steps >= self.min_steps and not pays:
-            self.off, self.since = True, 0
+    # in seconds: drafting is spent either way, so a plain step yields 1 token in draft_s + T(1)
+    best_n, rate = best_rate([1.0 + g for g in gains[:cap]], lambda n: draft_s + profile.t1 * profile.ratio(n + 1))
+    return best_n if rate > PLAIN_RATE / (draft_s + profile.t1) else 0
 
 
 class EagleDrafter:
@@ -196,8 +156,7 @@ class EagleDrafter:
         self.length = 0  # draft positions in the stable cache
         self.features: torch.Tensor | None = None  # [m, H] true features of positions not yet encoded
         self.backoff = Backoff(profile.t1 if profile is not None and cfg.backoff else None)
-        self._t_proposed: float | None = None  # perf_counter when a drafted proposal was handed over
-        self._draft_s = 0.0
+        self._watch: Stopwatch | None = None  # started when a timed drafted step began drafting
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -210,9 +169,9 @@ class EagleDrafter:
         idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
         new = out.hidden[-1].index_select(0, idx).to(self.dtype)  # root + accepted drafts
         self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
-        if self._t_proposed is not None and not state.rejection:  # a drafted step: its cost and yield
-            self.backoff.record(verdict.num_accepted + 1, self._draft_s + time.perf_counter() - self._t_proposed)
-            self._t_proposed = None
+        if self._watch is not None and not state.rejection:  # a drafted step: its cost (draft + verify) and yield
+            self.backoff.record(verdict.num_accepted + 1, self._watch.elapsed())
+            self._watch = None
 
     # -- drafting ------------------------------------------------------------------------------
 
@@ -265,7 +224,7 @@ class EagleDrafter:
         sampling the expansion never stops on wall-clock cost (the tree must depend on the
         request alone); with coupled sampling the draft uses the target's noise."""
         cfg = self.cfg
-        timed = state is None or not state.rejection
+        priced = (state is None or not state.rejection) and self.profile is not None
         depth = 1
         lp = self._logprobs(h_last[None], state, depth)[0]
         k = min(cfg.top_k, lp.numel())
@@ -281,10 +240,9 @@ class EagleDrafter:
                 break
             # the next level adds at most sum(frontier path probabilities) expected tokens; stop
             # when even that is worth less than the level costs (one ar step per token)
-            if (timed and self.profile is not None and level_s > 0
-                    and float(f_score.exp().sum()) * self.profile.t1 < level_s):
+            if priced and level_s > 0 and float(f_score.exp().sum()) * self.profile.t1 < level_s:
                 break
-            t0 = time.perf_counter()
+            watch = Stopwatch(self.device) if priced else None
             out = self._run(f_feat, f_tok, torch.full((k,), position), tmask)
             position += 1
             depth += 1
@@ -299,27 +257,27 @@ class EagleDrafter:
             f_ids = size + sel
             size += k * k
             tmask = torch.cat([tmask[u], torch.eye(k, dtype=torch.bool, device=self.device)], dim=1)
-            level_s = time.perf_counter() - t0
+            level_s = watch.elapsed() if watch is not None else 0.0
         return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents))
 
     def propose(self, state: DecodeState) -> Proposal:
         if state.draft_room == 0 or not self.backoff.draft_now():
             return Proposal(DraftTree.chain([state.pending]))
-        t0 = time.perf_counter()
+        # timed only where the clock sizes something: never under rejection sampling
+        watch = Stopwatch(self.device) if self.profile is not None and not state.rejection else None
         h_last = self.catch_up(state.ids)
         pool = self.expand(h_last, self.length, state)
         kv_cache.truncate(self.cache, self.length)
         if self.cfg.total_tokens:
             n = self.cfg.total_tokens - 1
         else:
-            spent = 0.0 if state.rejection else time.perf_counter() - t0  # rejection: no wall clock
+            spent = 0.0 if watch is None else watch.elapsed()  # rejection: no wall clock
             n = best_size(pool.scores.exp(), spent, self.profile, self.cfg.max_tokens)
         n = min(n, pool.scores.numel())
         if n == 0:
             return Proposal(DraftTree.chain([state.pending]))
         tree, _ = rerank(pool, state.pending, n)
-        self._t_proposed = time.perf_counter()
-        self._draft_s = self._t_proposed - t0
+        self._watch = watch
         return Proposal(tree)
 
 

@@ -34,8 +34,7 @@ class JacobiConfig:
     m: int = option(4, "guesses kept and refined per step (the paper: 4); every one is verified when auto_m is off "
                        "(--fixed-k)", flag="--k")
     auto_m: bool = option(True, "verify only as many guesses as the measured cost profile and acceptance pay for "
-                                "(the rest are kept and refined anyway); --fixed-k turns it off",
-                          flag="--fixed-k", value=False)
+                                "(the rest are kept and refined anyway)", flag="--fixed-k", value=False)
     seed: int = option(0, "seed of the ahead-noise generator (drafts only; outputs never depend on it)")
 
     def __post_init__(self) -> None:

@@ -37,6 +37,7 @@ from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
+from .budget import FIRST_PROBE, MAX_PROBE, RATE_DECAY, DecayedRates, ProbeSchedule, best_rate, expected_tokens
 from .spec import BuildContext, MethodSpec, check_numbers, need, option
 
 TOP_K = 10  # alternatives per depth (ranks 0..9)
@@ -69,7 +70,7 @@ class MsnConfig:
 
     def __post_init__(self) -> None:
         check_numbers(self, "msn")
-        need(self, "msn", "tree_size", self.tree_size >= 0, ">= 0 (0 = from the cost profile)")
+        need(self, "msn", "tree_size", self.tree_size >= 0, ">= 0")
         need(self, "msn", "max_nodes", self.max_nodes >= 1, ">= 1")
         need(self, "msn", "ngram", self.ngram >= 1, ">= 1")
 
@@ -105,19 +106,17 @@ class NodeRates:
         template: rank paths, parents first.
         profile: the target's verify-cost profile, or None (then ``choose`` returns its cap).
         decay: weight of old observations per verified step.
-        first_probe / max_probe: when no tree pays, verify one anyway every this many steps
-            (doubling after each unprofitable probe), so the estimates can recover.
+        first_probe / max_probe: the :class:`~selfspec.drafters.budget.ProbeSchedule` of small
+            probe trees verified while no tree pays, so the estimates can recover.
     """
 
     def __init__(self, template: tuple[tuple[int, ...], ...], profile: CostProfile | None,
-                 decay: float = 0.97, first_probe: int = 8, max_probe: int = 64) -> None:
-        self.template, self.profile, self.decay = template, profile, decay
+                 decay: float = RATE_DECAY, first_probe: int = FIRST_PROBE, max_probe: int = MAX_PROBE) -> None:
+        self.template, self.profile = template, profile
         self.parent = [template.index(p[:-1]) if len(p) > 1 else -1 for p in template]
         prior = [(0.3 if p[-1] == RETRIEVAL else 0.4 / (1 + p[-1])) * 0.6 ** (len(p) - 1) for p in template]
-        self.hits = [2.0 * a for a in prior]
-        self.tries = [2.0] * len(template)
-        self.first_probe, self.max_probe = first_probe, max_probe
-        self.probe_every, self.since = first_probe, 0
+        self.acceptance = DecayedRates(prior, decay)
+        self.probe = ProbeSchedule(first_probe, max_probe)
 
     def ranking(self, allowed: list[int]) -> tuple[list[int], list[float]]:
         """``allowed`` template nodes (parents first) ordered best first, so that every prefix of
@@ -127,7 +126,7 @@ class NodeRates:
             par = self.parent[i]
             if par != -1 and par not in value:
                 continue
-            rate = self.hits[i] / self.tries[i]
+            rate = self.acceptance.rate(i)
             value[i] = rate if par == -1 else min(rate, value[par])
         order = sorted(value, key=lambda i: (-value[i], len(self.template[i]), i))
         return order, [value[i] for i in order]
@@ -138,27 +137,13 @@ class NodeRates:
         cap = min(cap, len(values))
         if self.profile is None or cap == 0:
             return cap
-        best_n, best, expected = 0, 1.0, 1.0
-        for n in range(1, cap + 1):
-            expected += values[n - 1]
-            v = expected / self.profile.ratio(n + 1)
-            if v > best:
-                best_n, best = n, v
-        if best_n:
-            self.probe_every = self.first_probe
-            return best_n
-        self.since += 1
-        if self.since >= self.probe_every:  # nothing pays: probe with a small tree now and then
-            self.since = 0
-            self.probe_every = min(2 * self.probe_every, self.max_probe)
-            return min(cap, 4)
-        return 0
+        best_n, rate = best_rate(expected_tokens(values[:cap]), lambda n: self.profile.ratio(n + 1))
+        return self.probe.pick(best_n, rate, min(cap, 4))  # nothing pays: a small probe tree now and then
 
     def update(self, verified: list[int], accepted: set[int]) -> None:
         """``verified`` template nodes; ``accepted`` those whose tree node was accepted."""
         for i in verified:
-            self.tries[i] = self.tries[i] * self.decay + 1.0
-            self.hits[i] = self.hits[i] * self.decay + (1.0 if i in accepted else 0.0)
+            self.acceptance.observe(i, i in accepted)
 
 
 def build_tree(pending: int, nodes: list[int], template, cand: list[list[int]]) -> tuple[DraftTree, list[int]]:

@@ -22,8 +22,8 @@ class PromptLookupConfig:
     max_ngram: int = option(3, "longest suffix n-gram to match")
     min_ngram: int = option(1, "shortest suffix n-gram to match")
     k: int = option(10, "the longest draft; every draft when auto_k is off (--fixed-k)", flag="--k")
-    auto_k: bool = option(True, "size each draft from the measured verify-cost profile and acceptance, up to k; "
-                                "--fixed-k turns it off", flag="--fixed-k", value=False)
+    auto_k: bool = option(True, "size each draft from the measured verify-cost profile and acceptance, up to k",
+                          flag="--fixed-k", value=False)
 
     def __post_init__(self) -> None:
         check_numbers(self, "pld")

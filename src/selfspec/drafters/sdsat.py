@@ -53,8 +53,8 @@ class SdsatConfig:
     max_k: int = option(8, "largest k considered when k is 0")
     tree: str = option(PAPER_TREE, "sampling tree: children per parent at each depth, ';' between depths and ',' "
                                    "between the parents of a depth (in node order; missing parents get none); "
-                                   f"default the paper's depth-5 tree {PAPER_TREE}; '' = a chain of one sample per "
-                                   "adaptive token", flag="--sdsat-tree")
+                                   "default: the paper's depth-5 tree; '' = a chain of one sample per adaptive "
+                                   "token", flag="--sdsat-tree")
     candidates: int = option(10, "size of the ordered sample per adaptive position (the paper's top_k 10)")
     adaptive_ids: str = option("", "the adaptive token id(s), comma-separated; empty = read from the model "
                                    "directory's selfspec_finetune.json (written by selfspec train sdsat)",

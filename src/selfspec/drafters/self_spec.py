@@ -23,7 +23,6 @@ The draft is the target itself with some attention and MLP sub-layers skipped
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +30,7 @@ import torch
 from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
+from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -58,8 +58,7 @@ class SelfSpecConfig:
     k: int | None = option(None, "the longest draft (the paper's K; default: the skip config's max_draft, 12); "
                                  "every draft when auto_k is off (--fixed-k) and draft_exit is cost", flag="--k")
     auto_k: bool = option(True, "back off to plain decoding when drafting does not pay (measured cost profile), "
-                                "and with the cost exit size each draft from it; --fixed-k turns it off",
-                          flag="--fixed-k", value=False)
+                                "and with the cost exit size each draft from it", flag="--fixed-k", value=False)
     min_confidence: float = option(0.3, "cost exit: stop once the product of draft confidences falls below this")
     gamma0: float | None = option(None, "override the skip config's initial gamma (gamma exit)")
     alpha: float | None = option(None, "override the skip config's target acceptance alpha (gamma exit)")
@@ -169,7 +168,7 @@ class SelfSpecDrafter:
         k = self._max_draft(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
-        t0 = time.perf_counter()
+        watch = Stopwatch(self.device)
         base = kv_cache.cache_length(state.cache)
         det = state.deterministic  # greedy, or coupled: the same Gumbel noise as the target's
         tokens: list[int] = []
@@ -202,9 +201,7 @@ class SelfSpecDrafter:
         if self.draft_exit == "cost" and self.auto_k:
             keep = self.budget.best_prefix(confidences)
             tokens, qs = tokens[:keep], qs[:keep]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self._last_draft_s = time.perf_counter() - t0
+        self._last_draft_s = watch.elapsed()
         probs_rows = torch.stack([torch.zeros_like(qs[0]), *qs]) if qs and tokens else None
         return Proposal(DraftTree.chain([state.pending, *tokens], probs_rows))
 

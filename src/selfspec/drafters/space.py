@@ -36,7 +36,7 @@ from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
 from ..decoding.protocol import Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .budget import PositionalAcceptance
+from .budget import PLAIN_RATE, PositionalAcceptance
 from .spec import BuildContext, MethodSpec, check_numbers, finetuned_ids, need, option
 
 
@@ -68,14 +68,11 @@ class SpaceAcceptance(PositionalAcceptance):
     """Acceptance by candidate position; values a step of k candidates at
     ``(1 + sum_j prod_{i<=j} a_i) / T(step_tokens(k))`` (a plain step is 1 / T(1))."""
 
-    def value(self, k: int, verify_tokens: int | None = None) -> float:
-        if k == 0 or self.profile is None:
-            return 1.0
-        expected, p = 1.0, 1.0
-        for a in self.rates()[:k]:
-            p *= a
-            expected += p
-        return expected / self.profile.ratio(verify_tokens or step_tokens(k))
+    first_tokens = 1.0  # one forward: the verify step's bonus token
+
+    def cost(self, k: int, verify_tokens: int | None = None) -> float:
+        """T(``verify_tokens``) (default the whole masked forward, ``step_tokens(k)``) / T(1)."""
+        return self.profile.ratio(verify_tokens or step_tokens(k))
 
 
 def accept_paper(tree: DraftTree, target_logits: torch.Tensor, warper: Warper,
@@ -127,7 +124,7 @@ class SpaceDrafter:
         room = state.draft_room
         c = min(len(self.cands), room)
         k = self.budget.choose(max(1, room - 1)) if room > 1 else 0  # masks for the next step
-        if k == 0 and c and self.budget.profile is not None and self.budget.value(c, c + 1) <= 1.0:
+        if k == 0 and c and self.budget.profile is not None and self.budget.value(c, c + 1) <= PLAIN_RATE:
             c = 0  # verifying the candidates alone does not pay either
         toks = [state.pending] + self.cands[:c]
         probs = None

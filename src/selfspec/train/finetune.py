@@ -1,12 +1,13 @@
 """Fine-tuning the target model itself (LoRA or full), with Hugging Face Accelerate.
 
-The trainer of the methods that teach the model to draft for itself (``sdsat``; SPACE and MSN
-reuse it). A method supplies an :class:`Objective` (how a batch is built from tokenised
-examples, its loss, its validation metrics); this module owns everything else: new special
-tokens (added to the tokenizer, embedding rows trainable, nothing else of the embedding), LoRA
-through ``peft`` or full fine-tuning, the Accelerate loop (one process or ``accelerate launch``),
-progress bars, checkpoints every N steps and ``--resume``, the loss plot, and the output: an
-ordinary Hugging Face model directory (merged weights, safetensors, tokenizer with the new
+The trainer of the methods that teach the model to draft for itself (SDSAT, SPACE, MSN and its
+plain-SFT control). A method supplies a :class:`FinetuneObjective` (its special tokens, how a
+training and a validation batch are built from tokenised examples, its loss and metrics); the
+shared Accelerate loop (:mod:`.loop`) runs it: schedule, validation, checkpoints every N steps
+and ``--resume``, progress bar, loss plot. This module owns what is particular to fine-tuning:
+new special tokens (added to the tokenizer, embedding rows trainable, nothing else of the
+embedding), LoRA through ``peft`` or full fine-tuning, and the output: an ordinary Hugging Face
+model directory (merged weights, safetensors, tokenizer with the new
 tokens) plus ``selfspec_finetune.json`` and, for LoRA, the small ``adapter/`` it was merged from.
 
 A fine-tuned directory is made by :func:`~selfspec.models.finetuned.apply_adapter` from the base
@@ -17,21 +18,16 @@ cannot drift apart.
 from __future__ import annotations
 
 import json
-import random
 import shutil
-import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from tqdm import tqdm
 
-from ..errors import SelfspecError
 from ..models.finetuned import META_FILE, ROWS_FILE, add_tokens, apply_adapter
+from . import loop
 from .conversations import Example
-from .trainer import _batches, _checkpoint, _latest_checkpoint
 
 
 @dataclass(frozen=True)
@@ -71,28 +67,20 @@ class FinetuneOptions:
     checkpoint_every: int = 50
 
 
-class Objective(Protocol):
-    """What a method contributes to :func:`finetune`.
+class FinetuneObjective(loop.Objective, Protocol):
+    """What a method contributes to :func:`finetune`: a :class:`~selfspec.train.loop.Objective`
+    over tokenised examples (:class:`~selfspec.train.conversations.Example`; batches are dicts of
+    ``[B, L]`` tensors) that may add special tokens.
 
     Attributes:
         name: the method (recorded in the metadata).
         new_tokens: special tokens the method adds (e.g. SDSAT's adaptive token).
     """
 
-    name: str
     new_tokens: list[str]
 
     def bind(self, new_ids: list[int], pad_id: int) -> None:
         """Called once the new tokens have ids."""
-
-    def make_batch(self, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
-        """Padded training tensors of one step (``input_ids [B, L]``, ``attention_mask [B, L]``, ...)."""
-
-    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scalar loss and metrics (each metric a token-weighted mean; ``tokens`` = its weight)."""
-
-    def options(self) -> dict:
-        """The method's own options (recorded; resume refuses a change)."""
 
 
 # ------------------------------------------------------------------------------------ new tokens
@@ -148,55 +136,10 @@ def save_adapter(model: torch.nn.Module, new_ids: list[int], out: Path, base_nam
     save_file(rows, str(out / ROWS_FILE))
 
 
-# --------------------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------------- fine-tuning
 
 
-def _lr_cosine(total: int, warmup: int, floor: float):
-    import math
-
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        t = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
-    return f
-
-
-def _merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Token-weighted means of metric dicts (keys ``k`` weighted by ``n_k`` when present, else ``tokens``)."""
-    sums: dict[str, float] = {}
-    weights: dict[str, float] = {}
-    for m in parts:
-        for k, v in m.items():
-            if k == "tokens" or k.startswith("n_"):
-                continue
-            w = m.get(f"n_{k}", m.get("tokens", 1))
-            sums[k] = sums.get(k, 0.0) + v * w
-            weights[k] = weights.get(k, 0.0) + w
-    return {k: sums[k] / weights[k] for k in sums if weights[k] > 0}
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, objective: Objective, examples: list[Example], batch_size: int,
-             seed: int) -> dict[str, float]:
-    """Metrics of ``objective.loss`` over ``examples`` with a fixed RNG (same batches every call).
-
-    An objective may build its validation batches differently from its training batches
-    (``make_eval_batch``; MSN's plain-SFT control is validated on noised inputs, so that the two
-    runs are measured on the same batches)."""
-    was = model.training
-    model.eval()
-    rng = random.Random(seed)
-    make = getattr(objective, "make_eval_batch", objective.make_batch)
-    parts = []
-    for i in range(0, len(examples), batch_size):
-        _, m = objective.loss(model, make(examples[i : i + batch_size], rng))
-        parts.append(m)
-    model.train(was)
-    return _merge_metrics(parts)
-
-
-def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objective: Objective, out: Path,
+def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objective: FinetuneObjective, out: Path,
              opts: FinetuneOptions, meta: dict, base_dir: Path | None, resume: bool = False, progress: bool = True,
              accelerator=None) -> dict:
     """Fine-tune ``model`` with ``objective`` and write the fine-tuned model directory ``out``.
@@ -217,9 +160,7 @@ def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objecti
     Returns:
         final validation metrics plus ``steps``.
     """
-    from accelerate import Accelerator
-
-    acc = accelerator or Accelerator(cpu=next(model.parameters()).device.type == "cpu")
+    acc = loop.accelerator_for(model, accelerator)
     torch.manual_seed(opts.seed)
     new_ids = add_tokens(model, tokenizer, objective.new_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
@@ -235,76 +176,17 @@ def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objecti
     else:
         model.requires_grad_(True)
     model.train()
-    n_val = max(1, int(len(examples) * opts.val_fraction)) if len(examples) > 1 else 0
-    train_ex, val_ex = examples[: len(examples) - n_val], examples[len(examples) - n_val :]
-    world = acc.num_processes
-    per_epoch = len(_batches(len(train_ex), opts.batch_size, 0, opts.seed, world)) // world
-    if per_epoch == 0:
-        raise SelfspecError(f"{len(train_ex)} training examples give no batch of {opts.batch_size} per process; "
-                            "add data or lower --batch-size")
-    total = opts.max_steps or per_epoch * opts.epochs
     params = [p for p in model.parameters() if p.requires_grad]
     emb = _base_model(model).get_input_embeddings().weight
     decay = [p for p in params if p is not emb and p.dim() >= 2 and opts.weight_decay > 0]
     rest = [p for p in params if all(p is not d for d in decay)]
     groups = [{"params": rest, "weight_decay": 0.0}] + ([{"params": decay, "weight_decay": opts.weight_decay}]
                                                           if decay else [])
-    optim = torch.optim.AdamW(groups, lr=opts.lr, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, _lr_cosine(total, max(1, int(total * opts.warmup)),
-                                                                opts.final_lr))
-    model, optim, sched = acc.prepare(model, optim, sched)
-    trdir = out / "train"
-    ckdir = trdir / "checkpoints"
     options = {"finetune": asdict(opts), objective.name: objective.options(), "data": meta.get("data")}
-    state = {"step": 0, "history": [], "val": [], "options": options}
-    if resume and (ck := _latest_checkpoint(ckdir)) is not None:
-        saved = json.loads((ck / "trainer_state.json").read_text())
-        if saved["options"] != options:
-            raise SelfspecError(f"{out} was trained with other options; resume with the same ones or drop --resume")
-        acc.load_state(str(ck))
-        state = saved
-    elif acc.is_main_process and ckdir.exists():
-        shutil.rmtree(ckdir)
-    if not state["val"] and val_ex:
-        state["val"].append({"step": 0, **evaluate(acc.unwrap_model(model), objective, val_ex, opts.batch_size,
-                                                   opts.seed)})
-    bar = tqdm(total=total, initial=state["step"], desc=f"train {objective.name}", unit="step",
-               disable=not (progress and acc.is_main_process), file=sys.stderr)
-    eval_every = min(per_epoch, total // 4) or total  # about four validations per run
-    while state["step"] < total:
-        epoch, within = divmod(state["step"], per_epoch)
-        batches = _batches(len(train_ex), opts.batch_size, epoch, opts.seed, world)
-        mine = batches[acc.process_index :: world][within:per_epoch]
-        for idx in mine:
-            t0 = time.perf_counter()
-            rng = random.Random(opts.seed * 1_000_003 + 7919 * state["step"] + acc.process_index)
-            batch = objective.make_batch([train_ex[i] for i in idx], rng)
-            loss, m = objective.loss(model, batch)
-            acc.backward(loss)
-            acc.clip_grad_norm_(params, opts.clip)
-            optim.step()
-            sched.step()
-            optim.zero_grad()
-            state["step"] += 1
-            m = {k: v for k, v in m.items() if not k.startswith("n_")}
-            m |= {"step": state["step"], "epoch": epoch, "lr": sched.get_last_lr()[0],
-                  "seconds": time.perf_counter() - t0}
-            state["history"].append(m)
-            bar.update(1)
-            bar.set_postfix({k: f"{v:.3f}" for k, v in m.items() if k in ("loss", "plain", "adapt", "acc1")})
-            if (state["step"] % eval_every == 0 or state["step"] == total) and val_ex:
-                v = evaluate(acc.unwrap_model(model), objective, val_ex, opts.batch_size, opts.seed)
-                state["val"].append({"step": state["step"], **v})
-            if state["step"] % opts.checkpoint_every == 0 or state["step"] == total:
-                _checkpoint(acc, ckdir, state)
-            if state["step"] >= total:
-                break
-    bar.close()
-    final = state["val"][-1] if state["val"] else {}
-    if acc.is_main_process:
-        trained = acc.unwrap_model(model)
+
+    def save(trained: torch.nn.Module, state: dict) -> None:
         info = {**meta, "method": objective.name, "new_tokens": objective.new_tokens, "new_ids": new_ids,
-                "options": options, "steps": state["step"], "validation": final,
+                "options": options, "steps": state["step"], "validation": state["val"][-1] if state["val"] else {},
                 "initial_validation": state["val"][0] if state["val"] else {}}
         adapter = out / "adapter"
         if opts.lora_rank > 0 and base_dir is not None:
@@ -319,49 +201,10 @@ def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objecti
             final_model.save_pretrained(str(out), safe_serialization=True)
             tokenizer.save_pretrained(str(out))
             (out / META_FILE).write_text(json.dumps(info, indent=1) + "\n")
-        trdir.mkdir(parents=True, exist_ok=True)
-        (trdir / "history.json").write_text(json.dumps(state, indent=1) + "\n")
-        try:
-            plot_history(state, trdir / "loss.png", objective.name)
-        except ImportError:
-            pass
-    acc.wait_for_everyone()
-    return {"steps": state["step"], **final}
 
-
-def plot_history(state: dict, path: Path, title: str) -> None:
-    """Training losses (moving mean) and validation metrics, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    hist = state["history"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    steps = [h["step"] for h in hist]
-    window = max(1, len(hist) // 30)
-    for key in ("loss", "plain", "adapt", "mask", "noisy"):
-        ys = [h[key] for h in hist if key in h]
-        if len(ys) != len(steps):
-            continue
-        sm = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
-        a.plot(steps, sm, label=key)
-    a.set_xlabel("step")
-    a.set_ylabel("training loss (moving mean)")
-    a.legend()
-    val = state["val"]
-    xs = [v["step"] for v in val]
-    keys = sorted({k for v in val for k in v if k[:3] == "acc" and k[3:].isdigit()}, key=lambda k: int(k[3:]))
-    for k in keys:
-        b.plot(xs, [v.get(k, float("nan")) for v in val], marker="o", label=f"offset {k[3:]}")
-    if any("acc_noisy" in v for v in val):  # MSN: next-token accuracy where the input is noise
-        keys.append("acc_noisy")
-        b.plot(xs, [v.get("acc_noisy", float("nan")) for v in val], marker="s", label="after noise (msn)")
-    b.set_xlabel("step")
-    b.set_ylabel("validation top-1 accuracy of the draft at offset j")
-    if keys:
-        b.legend()
-    fig.suptitle(f"{title} fine-tuning")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    lopts = loop.LoopOptions(epochs=opts.epochs, max_steps=opts.max_steps, lr=opts.lr, schedule="cosine",
+                             final_lr=opts.final_lr, warmup=opts.warmup, batch_size=opts.batch_size, clip=opts.clip,
+                             clip_by="norm", val_fraction=opts.val_fraction, seed=opts.seed,
+                             checkpoint_every=opts.checkpoint_every)
+    return loop.train(model, objective, examples, out, lopts, options, groups, save, resume=resume,
+                      progress=progress, accelerator=acc)

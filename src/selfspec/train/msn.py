@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..core.ahead_noise import noise_span
 from ..errors import SelfspecError
 from .conversations import Example
-from .sdsat import IGNORE, clean_targets, scored_logits
+from .objective_common import IGNORE, clean_targets, padded, scored_logits
 
 
 @dataclass(frozen=True)
@@ -65,11 +65,13 @@ def noise_example(ids: torch.Tensor, learn: torch.Tensor, span: int, rng: random
 
 
 class MsnObjective:
-    """The :class:`~selfspec.train.finetune.Objective` of MSN (``span > 0``) or plain SFT.
+    """The :class:`~selfspec.train.finetune.FinetuneObjective` of MSN (``span > 0``) or plain SFT.
 
     Validation batches are always noised with a span of ``eval_span`` (default: ``span``, or 4
     for plain SFT), drawn from the evaluation's fixed RNG: MSN and its control are validated on
     the very same noised batches, so their ``noisy`` / ``acc_noisy`` metrics compare directly."""
+
+    plot_keys = ("loss", "plain", "noisy")
 
     def __init__(self, opts: MsnOptions, eval_span: int | None = None) -> None:
         opts.check()
@@ -98,15 +100,10 @@ class MsnObjective:
         return self._batch(examples, rng, self.eval_span)
 
     def _batch(self, examples: list[Example], rng: random.Random, span: int) -> dict[str, torch.Tensor]:
-        b = len(examples)
-        length = max(e.input_ids.numel() for e in examples)
-        inp = torch.full((b, length), self.pad_id, dtype=torch.long)
-        att = torch.zeros(b, length, dtype=torch.long)
-        tgt = torch.full((b, length), IGNORE, dtype=torch.long)
-        noisy = torch.zeros(b, length, dtype=torch.bool)
+        inp, att, tgt = padded(examples, self.pad_id)
+        noisy = torch.zeros(tgt.shape, dtype=torch.bool)
         for r, e in enumerate(examples):
             n = e.input_ids.numel()
-            att[r, :n] = 1
             tgt[r, :n] = clean_targets(e.input_ids, e.loss_mask)
             inp[r, :n], s = noise_example(e.input_ids, e.loss_mask, span, rng)
             if s >= 0:

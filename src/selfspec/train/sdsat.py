@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from ..errors import SelfspecError
 from .conversations import Example
+from .objective_common import IGNORE, clean_targets, padded, scored_logits
 
-IGNORE = -100
 ADAPTIVE_TOKEN = "<|sdsat_adaptive|>"
 
 
@@ -126,27 +126,11 @@ def mix_sequence(ids: torch.Tensor, learn: torch.Tensor, adaptive_ids: list[int]
     return Mixed(inp, targets, offsets, torch.tensor(replaced))
 
 
-def clean_targets(ids: torch.Tensor, learn: torch.Tensor) -> torch.Tensor:
-    """``[L]`` next-token targets of a clean sequence: token i + 1 where it is learned."""
-    t = torch.full_like(ids, IGNORE)
-    t[:-1] = torch.where(learn[1:].bool(), ids[1:], torch.full_like(ids[1:], IGNORE))
-    return t
-
-
-def scored_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  scored: torch.Tensor) -> torch.Tensor:
-    """``[S, V]`` fp32 logits at the S positions where ``scored`` (``[B, L]`` bool) is True, in
-    row-major order: the LM head over a 49k vocabulary is a large share of a small model's cost,
-    so it runs only where a loss is taken. Uses the last entry of ``hidden_states`` (after the
-    final norm in HF causal LMs) and the model's output embedding."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1)
-    return model.get_output_embeddings()(out.hidden_states[-1][scored]).float()
-
-
 class SdsatObjective:
-    """The :class:`~selfspec.train.finetune.Objective` of SDSAT."""
+    """The :class:`~selfspec.train.finetune.FinetuneObjective` of SDSAT."""
 
     name = "sdsat"
+    plot_keys = ("loss", "plain", "adapt")
 
     def __init__(self, opts: SdsatOptions) -> None:
         opts.check()
@@ -167,14 +151,10 @@ class SdsatObjective:
         b = len(examples)
         n_clean = int(round(b * self.opts.clean_fraction)) if b > 1 else int(rng.random() < self.opts.clean_fraction)
         clean = set(rng.sample(range(b), n_clean))
-        length = max(e.input_ids.numel() for e in examples)
-        inp = torch.full((b, length), self.pad_id, dtype=torch.long)
-        att = torch.zeros(b, length, dtype=torch.long)
-        tgt = torch.full((b, length), IGNORE, dtype=torch.long)
-        off = torch.zeros(b, length, dtype=torch.long)
+        inp, att, tgt = padded(examples, self.pad_id)
+        off = torch.zeros_like(tgt)
         for r, e in enumerate(examples):
             n = e.input_ids.numel()
-            att[r, :n] = 1
             if r in clean:
                 inp[r, :n] = e.input_ids
                 tgt[r, :n] = clean_targets(e.input_ids, e.loss_mask)
@@ -183,6 +163,10 @@ class SdsatObjective:
                 inp[r, :n], tgt[r, :n], off[r, :n] = m.input_ids, m.targets, m.offsets
         mixed = torch.tensor([r not in clean for r in range(b)])
         return {"input_ids": inp, "attention_mask": att, "targets": tgt, "offsets": off, "mixed": mixed}
+
+    def make_eval_batch(self, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
+        """As :meth:`make_batch` (from the evaluation's fixed RNG)."""
+        return self.make_batch(examples, rng)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """``1/2 (L_plain + w L_adaptive)``; metrics ``plain``, ``adapt``, ``acc{j}`` (top-1 accuracy

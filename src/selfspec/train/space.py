@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..core.mask_groups import mask_groups
 from ..errors import SelfspecError
 from .conversations import Example
-from .sdsat import IGNORE, clean_targets
+from .objective_common import IGNORE, clean_targets, scored_logits
 
 MASK_TOKEN = "<|space_mask|>"
 
@@ -116,9 +116,10 @@ def make_sample(ids: torch.Tensor, learn: torch.Tensor, opts: SpaceOptions, rng:
 
 
 class SpaceObjective:
-    """The :class:`~selfspec.train.finetune.Objective` of SPACE."""
+    """The :class:`~selfspec.train.finetune.FinetuneObjective` of SPACE."""
 
     name = "space"
+    plot_keys = ("loss", "plain", "mask")
 
     def __init__(self, opts: SpaceOptions) -> None:
         opts.check()
@@ -162,6 +163,10 @@ class SpaceObjective:
             tgt[r, n:size], off[r, n:size] = s.targets[m:], s.offsets[m:]
         return {"input_ids": inp, "position_ids": pos, "block": block, "targets": tgt, "offsets": off}
 
+    def make_eval_batch(self, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
+        """As :meth:`make_batch` (from the evaluation's fixed RNG)."""
+        return self.make_batch(examples, rng)
+
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """Weighted token-mean CE; metrics ``plain`` (next-token CE), ``mask`` (mask CE) and
         ``acc{j}`` (top-1 accuracy j tokens ahead of the anchor; j >= 2 are the masks' drafts)."""
@@ -193,13 +198,11 @@ def masked_logits(model: torch.nn.Module, input_ids: torch.Tensor, position_ids:
                   block: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """``[S, V]`` fp32 logits at the S positions where ``scored`` (``[B, T]``) is True, from one
     forward with the 4-D visibility ``block`` (``[B, T, T]`` bool) and explicit positions. The
-    LM head runs only at scored rows (as in :func:`selfspec.train.sdsat.scored_logits`)."""
+    LM head runs only at scored rows (:func:`~selfspec.train.objective_common.scored_logits`)."""
     impl = model.config._attn_implementation
     if impl == "eager":
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(block.shape, dtype=dtype, device=block.device).masked_fill(~block, torch.finfo(dtype).min)
     else:
         mask = block
-    out = model(input_ids=input_ids, attention_mask=mask[:, None], position_ids=position_ids,
-                output_hidden_states=True, logits_to_keep=1)
-    return model.get_output_embeddings()(out.hidden_states[-1][scored]).float()
+    return scored_logits(model, input_ids, mask[:, None], scored, position_ids)

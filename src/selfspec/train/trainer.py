@@ -1,29 +1,22 @@
-"""Training an EAGLE / HASS draft head on cached target features, with Hugging Face Accelerate.
+"""Training an EAGLE / HASS draft head on cached target features: the head's objective on the
+shared Accelerate loop (:mod:`.loop`: schedule, validation, checkpoints and resume, plots).
 
-The same code runs in one process or under ``accelerate launch`` (several processes, CPUs or
-GPUs): the head is wrapped by ``Accelerator.prepare`` (DDP when distributed); each process takes
-every ``world``-th batch of one deterministic per-epoch order; only the main process writes
-files. Checkpoints (``Accelerator.save_state`` plus ``trainer_state.json``) every N steps make
-an interrupted run resumable at the step it reached (``resume=True``).
-
-One optimiser step per batch: the n alignment passes' losses are summed (each pass's graph is
-independent, the earlier passes' outputs enter later passes detached), as in the HASS code.
+A batch pairs each cached target feature ``f_i`` with the next token; the input features get
+uniform noise (the targets stay clean). One optimiser step per batch: the n alignment passes'
+losses are summed (each pass's graph is independent, the earlier passes' outputs enter later
+passes detached), as in the HASS code; one ``forward`` runs all passes, so DDP syncs once.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from ..errors import SelfspecError
 from ..heads.eagle import EagleHead, load_head
+from . import loop
 from .features import CachedSequence
 from .hca import HcaModel
 from .losses import LossWeights, pass_losses, teacher
@@ -110,36 +103,18 @@ def collate(seqs: list[CachedSequence], dtype: torch.dtype = torch.float32) -> B
     return Batch(feats, nxt, tgt, mask)
 
 
-def _batches(n: int, batch_size: int, epoch: int, seed: int, world: int) -> list[list[int]]:
-    """Deterministic batches of one epoch, trimmed to a multiple of ``world``."""
-    order = list(range(n))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    out = [order[i : i + batch_size] for i in range(0, n, batch_size)]
-    return out[: len(out) - len(out) % world] if len(out) >= world else []
-
-
-def _lr_lambda(total: int, warmup: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total - step) / max(1, total - warmup))
-    return f
-
-
-def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch, opts: TrainOptions,
-                   noise_gen: torch.Generator | None) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch,
+                   opts: TrainOptions) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward all passes; returns the summed loss and per-pass metrics (``acc1``, ``loss1``, ...)."""
-    device = next(model.parameters()).device
-    feats = batch.features.to(device)
-    if noise_gen is not None and opts.noise > 0:
-        u = torch.rand(feats.shape, generator=noise_gen, dtype=feats.dtype)
-        feats = feats + ((u - 0.5) * 2 * opts.noise).to(device)
+    param = next(model.parameters())
+    device = param.device
+    feats = batch.features.to(device=device, dtype=param.dtype)
     mask = batch.mask.to(device)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     with torch.no_grad():
         tok_emb = embed(batch.next_tokens.to(device)).to(feats.dtype)
     preds = model(feats, tok_emb)
-    tgt = batch.targets.to(device)[mask]
+    tgt = batch.targets.to(device=device, dtype=param.dtype)[mask]
     w = opts.weights
     t = teacher(lm_head, tgt, w.k)
     total = torch.zeros((), device=device)
@@ -154,31 +129,40 @@ def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch, opts:
     return total, metrics
 
 
-@torch.no_grad()
+class HeadObjective:
+    """The :class:`~selfspec.train.loop.Objective` of EAGLE / HASS head training: batches of
+    cached sequences (:func:`collate`), uniform noise on the input features of training batches
+    (drawn from the step's RNG; validation batches stay clean), and :func:`compute_losses`."""
+
+    plot_keys = ("loss", "reg1", "cls1")
+
+    def __init__(self, target: torch.nn.Module, opts: TrainOptions) -> None:
+        self.target, self.opts, self.name = target, opts, opts.objective
+
+    def options(self) -> dict:
+        return asdict(self.opts)
+
+    def make_batch(self, seqs: list[CachedSequence], rng: random.Random) -> Batch:
+        batch = collate(seqs)
+        if self.opts.noise <= 0:
+            return batch
+        gen = torch.Generator().manual_seed(rng.getrandbits(62))
+        u = torch.rand(batch.features.shape, generator=gen, dtype=batch.features.dtype)
+        return replace(batch, features=batch.features + (u - 0.5) * 2 * self.opts.noise)
+
+    def make_eval_batch(self, seqs: list[CachedSequence], rng: random.Random) -> Batch:
+        return collate(seqs)
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        return compute_losses(model, self.target, batch, self.opts)
+
+
 def evaluate(model: HcaModel, target: torch.nn.Module, seqs: list[CachedSequence], opts: TrainOptions,
              batch_size: int) -> dict[str, float]:
     """Token-weighted mean of every metric over ``seqs`` (no noise). ``acc{j}`` is the top-1
     agreement of pass j with the target: with HCA, the acceptance of drafting step j along the
     data (teacher-forced tokens)."""
-    model.eval()
-    sums: dict[str, float] = {}
-    n = 0
-    for i in range(0, len(seqs), batch_size):
-        batch = collate(seqs[i : i + batch_size], next(model.parameters()).dtype)
-        if not batch.mask.any():
-            continue
-        _, m = compute_losses(model, target, batch, opts, None)
-        k = m.pop("tokens")
-        n += k
-        for key, v in m.items():
-            sums[key] = sums.get(key, 0.0) + v * k
-    model.train()
-    return {k: v / max(n, 1) for k, v in sums.items()} | {"tokens": n}
-
-
-def _latest_checkpoint(ckdir: Path) -> Path | None:
-    cks = sorted(ckdir.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return cks[-1] if cks else None
+    return loop.evaluate(model, HeadObjective(target, opts), seqs, batch_size, opts.seed)
 
 
 def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, opts: TrainOptions, meta: dict,
@@ -197,121 +181,20 @@ def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, o
     Returns:
         the final metrics (validation per pass, steps, tokens).
     """
-    from accelerate import Accelerator
-
-    acc = accelerator or Accelerator(cpu=next(target.parameters()).device.type == "cpu")
+    acc = loop.accelerator_for(target, accelerator)
     torch.manual_seed(opts.seed)
     target.requires_grad_(False)
-    if opts.init:
-        head, _ = load_head(opts.init, target)
-    else:
-        head = EagleHead(target)
+    head = load_head(opts.init, target)[0] if opts.init else EagleHead(target)
     head.train()
-    model = HcaModel(head, opts.passes)
-    n_val = max(1, int(len(seqs) * opts.val_fraction)) if len(seqs) > 1 else 0
-    train_seqs, val_seqs = seqs[: len(seqs) - n_val], seqs[len(seqs) - n_val :]
-    world = acc.num_processes
-    per_epoch = len(_batches(len(train_seqs), opts.batch_size, 0, opts.seed, world)) // world
-    if per_epoch == 0:
-        raise SelfspecError(f"{len(train_seqs)} training sequences give no batch of {opts.batch_size} per process; "
-                            "add data or lower --batch-size")
-    total = per_epoch * opts.epochs
-    optim = torch.optim.AdamW(head.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=opts.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, _lr_lambda(total, max(1, int(total * opts.warmup))))
-    model, optim, sched = acc.prepare(model, optim, sched)
-    trdir = out / "train"
-    ckdir = trdir / "checkpoints"
-    state = {"step": 0, "history": [], "val": [], "options": asdict(opts)}
-    if resume and (ck := _latest_checkpoint(ckdir)) is not None:
-        saved = json.loads((ck / "trainer_state.json").read_text())
-        if saved["options"] != asdict(opts):
-            raise SelfspecError(f"{out} was trained with other options; resume with the same ones or use --fresh")
-        acc.load_state(str(ck))
-        state = saved
-    elif acc.is_main_process and ckdir.exists():
-        shutil.rmtree(ckdir)
-    noise_gen = torch.Generator().manual_seed(opts.seed * 7919 + acc.process_index)
-    bar = tqdm(total=total, initial=state["step"], desc=f"train {opts.objective}", unit="step",
-               disable=not (progress and acc.is_main_process), file=sys.stderr)
-    while state["step"] < total:
-        epoch, within = divmod(state["step"], per_epoch)
-        batches = _batches(len(train_seqs), opts.batch_size, epoch, opts.seed, world)
-        mine = batches[acc.process_index :: world][within:per_epoch]
-        for idx in mine:
-            noise_gen.manual_seed(opts.seed * 7919 + acc.process_index + 104729 * state["step"])
-            loss, m = compute_losses(model, target,
-                                     collate([train_seqs[i] for i in idx]), opts, noise_gen)
-            acc.backward(loss)
-            acc.clip_grad_value_(model.parameters(), opts.clip)
-            optim.step()
-            sched.step()
-            optim.zero_grad()
-            state["step"] += 1
-            m |= {"step": state["step"], "epoch": epoch, "lr": sched.get_last_lr()[0]}
-            state["history"].append(m)
-            bar.update(1)
-            bar.set_postfix(loss=f"{m['loss']:.3f}", acc1=f"{m['acc1']:.2f}")
-            if state["step"] % per_epoch == 0 and val_seqs:
-                v = evaluate(acc.unwrap_model(model), target, val_seqs, opts, opts.batch_size)
-                state["val"].append({"step": state["step"], **v})
-            if state["step"] % opts.checkpoint_every == 0 or state["step"] == total:
-                _checkpoint(acc, ckdir, state)
-    bar.close()
-    final = state["val"][-1] if state["val"] else {}
-    if acc.is_main_process:
-        head = acc.unwrap_model(model).head
-        head.save(out, {**meta, "method": "eagle2" if opts.objective == "eagle" else "hass",
-                        "options": asdict(opts), "steps": state["step"], "validation": final})
-        (trdir / "history.json").write_text(json.dumps(state, indent=1) + "\n")
-        try:
-            plot_history(state, trdir / "loss.png")
-        except ImportError:
-            pass
-    acc.wait_for_everyone()
-    return {"steps": state["step"], **final}
+    method = "eagle2" if opts.objective == "eagle" else "hass"
 
+    def save(model: HcaModel, state: dict) -> None:
+        model.head.save(out, {**meta, "method": method, "options": asdict(opts), "steps": state["step"],
+                              "validation": state["val"][-1] if state["val"] else {}})
 
-def _checkpoint(acc, ckdir: Path, state: dict) -> None:
-    path = ckdir / f"step_{state['step']}"
-    acc.save_state(str(path))
-    if acc.is_main_process:
-        (path / "trainer_state.json").write_text(json.dumps(state) + "\n")
-        for old in sorted(ckdir.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
-    acc.wait_for_everyone()
-
-
-def plot_history(state: dict, path: Path) -> None:
-    """Training loss (smoothed) and validation top-1 agreement per pass, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    hist = state["history"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    steps = [h["step"] for h in hist]
-    window = max(1, len(hist) // 50)
-    for key in ("loss", "reg1", "cls1"):
-        ys = [h[key] for h in hist]
-        sm = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
-        a.plot(steps, sm, label=key)
-    a.set_xlabel("step")
-    a.set_ylabel("training loss (moving mean)")
-    a.set_yscale("log")
-    a.legend()
-    passes = state["options"]["passes"]
-    for j in range(1, passes + 1):
-        xs = [v["step"] for v in state["val"]]
-        b.plot(xs, [v[f"acc{j}"] for v in state["val"]], marker="o", label=f"pass {j}")
-    if not state["val"]:
-        ys = [h["acc1"] for h in hist]
-        b.plot(steps, ys, label="train acc1")
-    b.set_xlabel("step")
-    b.set_ylabel("top-1 agreement with the target (validation)")
-    b.legend()
-    fig.suptitle(f"{state['options']['objective']} head training")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
+    lopts = loop.LoopOptions(epochs=opts.epochs, lr=opts.lr, schedule="linear", final_lr=0.0, warmup=opts.warmup,
+                             batch_size=opts.batch_size, clip=opts.clip, clip_by="value",
+                             val_fraction=opts.val_fraction, seed=opts.seed, checkpoint_every=opts.checkpoint_every)
+    groups = [{"params": list(head.parameters()), "weight_decay": opts.weight_decay}]
+    return loop.train(HcaModel(head, opts.passes), HeadObjective(target, opts), seqs, out, lopts, asdict(opts),
+                      groups, save, resume=resume, progress=progress, accelerator=acc)

@@ -16,13 +16,13 @@
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
 from ..core import kv_cache
 from ..core.cost import CostProfile
+from ..core.timing import Stopwatch
 from ..drafters.self_spec import GammaExit, draft_forward
 from ..drafters.skip_config import DraftCost, GammaSettings
 from ..models.loading import LoadedModel
@@ -45,11 +45,9 @@ def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7
     for _ in range(reps):
         for name, skip in sets.items():  # interleaved, so drifts of a shared machine hit all alike
             with skip_sublayers(model, skip):
-                t0 = time.perf_counter()
-                draft_forward(model, cache, [1], context)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                times[name].append(time.perf_counter() - t0)
+                with Stopwatch(device) as watch:
+                    draft_forward(model, cache, [1], context)
+                times[name].append(watch.seconds)
             kv_cache.truncate(cache, context)
     med = {k: statistics.median(v) for k, v in times.items()}
     return DraftCost(med["full"], med["no_attention"], med["no_mlp"], med["floor"], n)

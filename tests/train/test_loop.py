@@ -1,0 +1,134 @@
+"""The shared training loop (``train/loop.py``) on a toy objective: schedules, metric merging, an
+interrupted run resumed equals an uninterrupted one (both clipping modes and schedules), refusal
+of changed options, the outputs it writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from selfspec.errors import SelfspecError
+from selfspec.train import loop
+
+W_TRUE = torch.tensor([1.5, -2.0, 0.5])
+
+
+def items(n: int = 40) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(n, 3, generator=g)
+    return [(x, x @ W_TRUE) for x in xs]
+
+
+class Toy:
+    """Linear regression; training targets get noise from the step's RNG, validation's do not."""
+
+    name = "toy"
+    plot_keys = ("loss",)
+
+    def options(self) -> dict:
+        return {"toy": 1}
+
+    def make_batch(self, batch, rng: random.Random):
+        x, y = torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch])
+        return x, y + torch.tensor([rng.gauss(0, 0.3) for _ in batch])
+
+    def make_eval_batch(self, batch, rng: random.Random):
+        return torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch])
+
+    def loss(self, model, batch):
+        x, y = batch
+        err = model(x).squeeze(-1) - y
+        loss = (err**2).mean()
+        return loss, {"loss": float(loss.detach()), "acc1": float((err.abs() < 0.5).float().mean()),
+                      "tokens": len(y)}
+
+
+def run(out, opts: loop.LoopOptions, resume: bool = False, options: dict | None = None,
+        items_: list | None = None) -> tuple[dict, dict]:
+    from accelerate import Accelerator
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    saved = {}
+
+    def save(m, state):
+        saved["weight"] = m.weight.detach().clone()
+        saved["state"] = state
+
+    groups = [{"params": list(model.parameters()), "weight_decay": 0.01}]
+    res = loop.train(model, Toy(), items() if items_ is None else items_, out, opts, options or {"run": 1}, groups,
+                     save, resume=resume, progress=False, accelerator=Accelerator(cpu=True))
+    return res, saved
+
+
+def test_lr_schedules():
+    lin = loop.lr_factor(10, 2, 0.0, "linear")
+    assert [lin(s) for s in (0, 1)] == [0.5, 1.0]
+    assert all(math.isclose(lin(s), max(0.0, (10 - s) / 8)) for s in range(2, 11))  # the heads' linear decay
+    cos = loop.lr_factor(10, 2, 0.2, "cosine")
+    assert math.isclose(cos(2), 1.0) and math.isclose(cos(10), 0.2) and math.isclose(cos(6), 0.6)
+    with pytest.raises(ValueError):
+        loop.lr_factor(10, 2, 0.0, "step")
+
+
+def test_merge_metrics_weights_and_skips_empty_parts():
+    parts = [{"loss": 1.0, "acc2": 0.5, "n_acc2": 3, "tokens": 2}, {"loss": 4.0, "acc2": float("nan"), "n_acc2": 0,
+                                                                     "tokens": 1}, {"loss": float("nan"), "tokens": 0}]
+    assert loop.merge_metrics(parts) == {"loss": 2.0, "acc2": 0.5}
+
+
+def test_split_and_batches():
+    tr, va = loop.split(list(range(40)), 0.05)
+    assert tr == list(range(38)) and va == [38, 39]
+    assert loop.split([7], 0.05) == ([7], [])
+    b0 = loop.batches(10, 4, 0, 1, world=2)
+    assert len(b0) == 2 and sorted(i for b in b0 for i in b) != list(range(10))  # the ragged batch is dropped
+    assert b0 == loop.batches(10, 4, 0, 1, world=2) and b0 != loop.batches(10, 4, 1, 1, world=2)
+
+
+@pytest.mark.parametrize("schedule,clip_by", [("linear", "value"), ("cosine", "norm")])
+def test_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch, schedule, clip_by):
+    opts = loop.LoopOptions(epochs=3, lr=0.05, schedule=schedule, final_lr=0.1, batch_size=4, clip=0.5,
+                            clip_by=clip_by, checkpoint_every=5, warmup=0.1)
+    res, whole = run(tmp_path / "whole", opts)
+    assert res["steps"] == 30 and whole["state"]["step"] == 30  # 38 training items: 10 batches per epoch
+    assert whole["state"]["history"][-1]["loss"] < whole["state"]["history"][0]["loss"]
+    real = loop._checkpoint
+    calls = []
+
+    def stop_at_second(acc, ckdir, state):
+        real(acc, ckdir, state)
+        calls.append(state["step"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "_checkpoint", stop_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", opts)
+    monkeypatch.setattr(loop, "_checkpoint", real)
+    assert calls == [5, 10]
+    _, cut = run(tmp_path / "cut", opts, resume=True)
+    assert [h["step"] for h in cut["state"]["history"]] == list(range(1, 31))
+    strip = [{k: v for k, v in h.items() if k != "seconds"} for h in whole["state"]["history"]]
+    assert [{k: v for k, v in h.items() if k != "seconds"} for h in cut["state"]["history"]] == strip
+    assert cut["state"]["val"] == whole["state"]["val"]
+    assert torch.equal(cut["weight"], whole["weight"])
+    hist = json.loads((tmp_path / "cut" / "train" / "history.json").read_text())
+    assert hist["step"] == 30 and hist["val"][0]["step"] == 0 and hist["val"][-1]["step"] == 30
+    assert (tmp_path / "cut" / "train" / "loss.png").stat().st_size > 1000
+    assert sorted(p.name for p in (tmp_path / "cut" / "train" / "checkpoints").iterdir()) == ["step_25", "step_30"]
+
+
+def test_resume_refuses_other_options_and_max_steps(tmp_path):
+    opts = loop.LoopOptions(epochs=1, max_steps=4, batch_size=4, checkpoint_every=2)
+    res, saved = run(tmp_path / "a", opts)
+    assert res["steps"] == 4 and set(res) >= {"loss", "acc1", "tokens"} and res["tokens"] == 2
+    assert run(tmp_path / "a", opts, resume=True)[0]["steps"] == 4  # nothing left to do
+    with pytest.raises(SelfspecError, match="other options"):
+        run(tmp_path / "a", opts, resume=True, options={"run": 2})
+    with pytest.raises(SelfspecError, match="no batch"):
+        run(tmp_path / "b", opts, items_=[])
