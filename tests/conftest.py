@@ -10,7 +10,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-torch.set_num_threads(int(os.environ.get("SELFSPEC_TEST_THREADS", "2")))  # 1 beside other CPU jobs
+# Threads for tests on real models (1 beside other CPU jobs). Tests on tiny models always use one:
+# their ops are microseconds long, and a second OpenMP thread made each 10-20x slower on a shared
+# 2-core machine (a 64-wide linear: 5 us on 1 thread, 1 ms on 2), which alone made the suite 30+ min.
+REAL_MODEL_THREADS = int(os.environ.get("SELFSPEC_TEST_THREADS", "2"))
+torch.set_num_threads(1)
 # Tests name their backend; those that test the product default (auto) unset this themselves.
 os.environ["SELFSPEC_KERNELS"] = "stock"
 
@@ -99,7 +103,10 @@ _running: dict = {}
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    _running["item"] = item  # before its fixtures: module-scoped ones load models in the first test's setup
+    """Before the test's fixtures (module-scoped ones load models in the first test's setup)."""
+    _running["item"] = item
+    real = any(item.get_closest_marker(m) for m in TIER_MARKERS)
+    torch.set_num_threads(REAL_MODEL_THREADS if real else 1)  # also undoes a test's `--threads`
 
 
 def bundled_path(name: str) -> str:

@@ -30,18 +30,23 @@ class _Parser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         """As argparse's, but unknown options are reported by the (sub)command that was given
         them, so the error points to ``selfspec generate --help``, not ``selfspec --help``."""
-        ns, extras = self.parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else args)
+        ns, extras = self.parse_known_args(argv, namespace)
         if extras:
-            self._command(ns).error(f"unrecognized arguments: {' '.join(extras)}")
+            last = max((argv.index(x) for x in extras if x in argv), default=len(argv))
+            self._command(ns, argv, last).error(
+                f"unrecognized arguments: {' '.join(extras)}")
         return ns
 
-    def _command(self, ns: argparse.Namespace) -> argparse.ArgumentParser:
-        """The innermost subcommand parser that ``ns`` selected (``self`` without one)."""
+    def _command(self, ns: argparse.Namespace, argv: list[str], last: int) -> argparse.ArgumentParser:
+        """The innermost (sub)command parser that ``ns`` selected and whose name comes before
+        ``argv[last]`` (``self`` when none does)."""
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                chosen = action.choices.get(getattr(ns, action.dest, None) or "")
-                if isinstance(chosen, _Parser):
-                    return chosen._command(ns)
+                name = getattr(ns, action.dest, None) or ""
+                chosen = action.choices.get(name)
+                if isinstance(chosen, _Parser) and name in argv[:last]:
+                    return chosen._command(ns, argv[argv.index(name) + 1:], last - argv.index(name) - 1)
         return self
 
 
@@ -257,15 +262,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     same_hf = a.token_ids == hf.token_ids  # both keep the EOS token
     hf_tps = len(hf.token_ids) / hf_wall if hf_wall > 0 else 0.0
     print("===== transformers generate (fp32, stock kernels) =====")
-    print("(same token ids as ar)" if same_hf else target.tokenizer.decode(hf.token_ids, skip_special_tokens=True))
+    print(f"(same token ids as {a.method})" if same_hf
+          else target.tokenizer.decode(hf.token_ids, skip_special_tokens=True))
     print()
-    print(f"model {a.model} | ar and {s.method} on {kernels_label(a.kernels)} kernels | prompt {a.prompt_tokens} "
-          f"tokens | {a.new_tokens} new tokens | fastest of {DEMO_RUNS} runs each")
-    print(f"ar {a.tokens_per_s:.1f} tok/s | {s.method} {s.tokens_per_s:.1f} tok/s | transformers generate "
+    print(f"model {a.model} | {a.method} and {s.method} on {kernels_label(a.kernels)} kernels | prompt "
+          f"{a.prompt_tokens} tokens | {a.new_tokens} new tokens | fastest of {DEMO_RUNS} runs each")
+    print(f"{a.method} {a.tokens_per_s:.1f} tok/s | {s.method} {s.tokens_per_s:.1f} tok/s | transformers generate "
           f"{hf_tps:.1f} tok/s")
     vs_hf = hf_wall * a.new_tokens / max(len(hf.token_ids), 1) / s.wall_s
-    print(f"{s.method}: speedup {a.wall_s / s.wall_s:.2f}x over ar, {vs_hf:.2f}x over transformers generate | "
-          f"token ids identical to ar: {'yes' if same else 'NO'}, to transformers generate: "
+    print(f"{s.method}: speedup {a.wall_s / s.wall_s:.2f}x over {a.method}, {vs_hf:.2f}x over transformers "
+          f"generate | token ids identical to {a.method}: {'yes' if same else 'NO'}, to transformers generate: "
           f"{'yes' if same_hf else 'no (kernel rounding near a tie; see docs/performance.md)'}")
     if load.note():
         print(load.note(), file=sys.stderr)
@@ -376,136 +382,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    """Train a draft head: data -> features -> Accelerate training (resumable at every stage)."""
-    from pathlib import Path
-
-    if args.what in ("sdsat", "space", "msn", "sft"):
-        return cmd_train_finetune(args)
-    if args.data is None:
-        args.data = "sharegpt:224,sharegpt-answers:300,code:60"
-    if args.lr is None:
-        args.lr = 3e-4
-
-    from .train.pipeline import DataOptions, prepare_examples
-    from .train.trainer import TrainOptions
-
-    if args.objective not in ("eagle", "hass"):
-        raise SelfspecError(f"--objective must be eagle or hass, not {args.objective!r}")
-    passes = args.passes if args.passes is not None else (1 if args.objective == "eagle" else 3)
-    topk_w = args.topk_weight if args.topk_weight is not None else (0.0 if args.objective == "eagle" else 1.0)
-    opts = TrainOptions(objective=args.objective, passes=passes, topk=args.topk, topk_weight=topk_w,
-                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=args.noise,
-                        seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "")
-    if passes < 1 or args.topk < 1 or topk_w < 0 or args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
-        raise SelfspecError("train needs --passes >= 1, --topk >= 1, --topk-weight >= 0, --epochs >= 1, --lr > 0 "
-                            "and --batch-size >= 1")
-    data = DataOptions(data=args.data, max_len=args.max_len, regenerate=args.regenerate, seed=args.data_seed)
-    if args.max_len < 8:
-        raise SelfspecError("--max-len must be at least 8")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from accelerate import Accelerator
-
-    from .models.loading import load_model
-    from .train.features import extract_features, read_sequences
-    from .train.trainer import train_head
-
-    out = Path(args.out)
-    feat_dir = Path(args.features) if args.features else out / "features"
-    acc = Accelerator(cpu=args.device == "cpu")
-    target = load_model(args.model, acc.device if args.device != "cpu" else "cpu", "float32", args.trust_remote_code)
-    if acc.is_main_process:
-        examples = prepare_examples(target.model, target.tokenizer, data, feat_dir, not args.no_progress)
-        extract_features(target.model, examples, feat_dir, {"model": target.name, **data.__dict__},
-                         progress=not args.no_progress)
-    acc.wait_for_everyone()
-    seqs = list(read_sequences(feat_dir))
-    meta = {"target": target.name, "data": data.__dict__, "sequences": len(seqs),
-            "tokens": int(sum(s.input_ids.numel() for s in seqs))}
-    res = train_head(target.model, seqs, out, opts, meta, resume=args.resume, progress=not args.no_progress,
-                     accelerator=acc)
-    if acc.is_main_process:
-        accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(1, passes + 1) if f"acc{j}" in res)
-        print(f"{opts.objective} head: {res['steps']} steps on {meta['tokens']} tokens ({len(seqs)} sequences); "
-              f"validation top-1 agreement by drafting step: {accs or 'n/a'}")
-        print(f"head: {out}   (use: --method {'eagle2' if opts.objective == 'eagle' else 'hass'} --head {out})")
-    return 0
-
-
-def _finetune_objective(args: argparse.Namespace):
-    """The objective of ``train sdsat`` / ``space`` / ``msn`` / ``sft`` (checks its options), and
-    the depth of its drafts (the validation accuracies reported)."""
-    if args.what in ("msn", "sft"):
-        from .train.msn import MsnObjective, MsnOptions
-
-        return MsnObjective(MsnOptions(span=args.span if args.what == "msn" else 0), eval_span=args.span), 0
-    if args.what == "sdsat":
-        from .train.sdsat import SdsatObjective, SdsatOptions
-
-        sd = SdsatOptions(window=args.window, start_fraction=args.start_fraction, weight=args.adaptive_weight,
-                          clean_fraction=args.clean_fraction, distinct=args.distinct_tokens, loss_at=args.loss_at)
-        return SdsatObjective(sd), sd.window
-    from .train.space import SpaceObjective, SpaceOptions
-
-    sp = SpaceOptions(k=args.masks, p_ar=args.p_ar, groups=args.groups, mask_weight=args.mask_weight)
-    return SpaceObjective(sp), sp.k
-
-
-def cmd_train_finetune(args: argparse.Namespace) -> int:
-    """Fine-tune the model itself (SDSAT adaptive tokens or SPACE masks; LoRA or full), then
-    write the model directory."""
-    from pathlib import Path
-
-    from .train.finetune import FinetuneOptions, finetune
-    from .train.pipeline import DataOptions, prepare_examples
-
-    objective, depth = _finetune_objective(args)
-    lr = args.lr if args.lr is not None else (3e-4 if args.lora_rank else 1e-4)
-    if args.epochs < 1 or lr <= 0 or args.batch_size < 1 or args.lora_rank < 0 or args.max_steps < 0:
-        raise SelfspecError(f"train {args.what} needs --epochs >= 1, --lr > 0, --batch-size >= 1, --lora-rank >= 0 "
-                            "and --max-steps >= 0")
-    if args.max_len < 8:
-        raise SelfspecError("--max-len must be at least 8")
-    opts = FinetuneOptions(lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank, epochs=args.epochs,
-                           max_steps=args.max_steps, lr=lr, batch_size=args.batch_size, seed=args.seed,
-                           checkpoint_every=args.checkpoint_every,
-                           weight_decay=0.0 if args.lora_rank else 0.1)
-    data = DataOptions(data=args.data or "sharegpt:224,sharegpt-answers:150,code:240", max_len=args.max_len,
-                       regenerate=args.regenerate, seed=args.data_seed)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from accelerate import Accelerator
-
-    from .models.loading import load_model
-
-    out = Path(args.out)
-    acc = Accelerator(cpu=args.device == "cpu")
-    target = load_model(args.model, acc.device if args.device != "cpu" else "cpu", "float32", args.trust_remote_code)
-    if acc.is_main_process:
-        examples = prepare_examples(target.model, target.tokenizer, data, out / "data", not args.no_progress)
-    acc.wait_for_everyone()
-    if not acc.is_main_process:
-        examples = prepare_examples(target.model, target.tokenizer, data, out / "data", False)
-    meta = {"base": target.name, "data": data.__dict__, "examples": len(examples),
-            "tokens": int(sum(e.input_ids.numel() for e in examples))}
-    res = finetune(target.model, target.tokenizer, examples, objective, out, opts, meta, target.path,
-                   resume=args.resume, progress=not args.no_progress, accelerator=acc)
-    if acc.is_main_process:
-        accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(2, depth + 2) if f"acc{j}" in res)
-        if "acc_noisy" in res:
-            accs = f"next-token accuracy after noise {res['acc_noisy']:.3f}"
-        print(f"{args.what} ({'LoRA r=' + str(opts.lora_rank) if opts.lora_rank else 'full fine-tuning'}): "
-              f"{res['steps']} steps on {meta['tokens']} tokens ({len(examples)} examples); validation plain loss "
-              f"{res.get('plain', float('nan')):.3f}, draft top-1 accuracy at offsets 2..: {accs or 'n/a'}")
-        print(f"model: {out}   (use: --model {out} --method {args.what}, or --method ar for the same model)")
-    return 0
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     """Write a trained head in the EAGLE checkpoint layout (vLLM / SGLang EAGLE drafts)."""
     from .heads.export import export_eagle
@@ -587,66 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.set_defaults(func=cmd_tune)
 
-    tr = sub.add_parser("train", help="train with Accelerate: a draft head (hass) or the model itself "
-                                      "(sdsat, space, msn, sft)")
-    tr.add_argument("what", choices=["hass", "sdsat", "space", "msn", "sft"],
-                    help="hass: an EAGLE draft head (EAGLE or HASS objective); sdsat: fine-tune the model with "
-                         "semantic adaptive tokens; space: fine-tune it with [MASK] groups; msn: fine-tune it on "
-                         "inputs with a span of ahead noise (for jacobi / msn decoding); sft: plain fine-tuning on "
-                         "the same data, msn's control (all but hass write a model directory)")
-    tr.add_argument("--model", required=True, help="target: bundled name, local HF directory, .gguf file or hub id")
-    tr.add_argument("--out", required=True, help="output directory (the head; also features/ and train/ inside)")
-    tr.add_argument("--data", default=None,
-                    help="comma-separated sources: sharegpt[:N] (answers regenerated with --regenerate), "
-                         "sharegpt-answers[:N] (ShareGPT's answers kept), code[:N] (Python stdlib), or a JSONL file "
-                         "of conversations (default hass: sharegpt:224,sharegpt-answers:300,code:60; sdsat and space: "
-                         "sharegpt:224,sharegpt-answers:150,code:240); evaluation prompts are always excluded")
-    tr.add_argument("--max-len", type=int, default=512, help="tokens per example at most (default 512)")
-    tr.add_argument("--regenerate", type=int, default=0,
-                    help="self-distillation: answer the ShareGPT prompts with the target (at most N tokens) and "
-                         "train on its answers (default 0 = ShareGPT's answers)")
-    tr.add_argument("--features", default=None,
-                    help="feature cache directory (default OUT/features); share it between heads for ablations")
-    tr.add_argument("--objective", default="hass", help="eagle (passes 1, no top-K loss) or hass (default)")
-    tr.add_argument("--passes", type=int, default=None, help="HCA alignment passes (default: eagle 1, hass 3)")
-    tr.add_argument("--topk", type=int, default=10, help="K of the top-K distillation loss (default 10)")
-    tr.add_argument("--topk-weight", type=float, default=None, help="its weight (default: eagle 0, hass 1)")
-    tr.add_argument("--epochs", type=int, default=2, help="epochs (default 2)")
-    tr.add_argument("--lr", type=float, default=None,
-                    help="AdamW peak learning rate (default 3e-4; sdsat/space full fine-tuning 1e-4)")
-    tr.add_argument("--batch-size", type=int, default=4, help="sequences per process and step (default 4)")
-    tr.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features (default 0.1)")
-    tr.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
-    sg = tr.add_argument_group("sdsat")
-    sg.add_argument("--window", type=int, default=5, help="L: largest window of adaptive tokens (default 5)")
-    sg.add_argument("--start-fraction", type=float, default=0.1, help="share of positions starting a window (0.1)")
-    sg.add_argument("--adaptive-weight", type=float, default=1.0, help="w of 1/2 (L_plain + w L_adaptive) (1)")
-    sg.add_argument("--clean-fraction", type=float, default=0.5, help="share of sequences left clean (0.5)")
-    sg.add_argument("--distinct-tokens", action="store_true",
-                    help="L distinct adaptive tokens (paper appendix B) instead of one repeated")
-    sg.add_argument("--loss-at", default="label", choices=["label", "input"],
-                    help="label: the paper's eq. 6 (default); input: score the output at every adaptive token")
-    sp = tr.add_argument_group("space")
-    sp.add_argument("--masks", type=int, default=5, help="k: masks per group = tokens drafted per step (default 5)")
-    sp.add_argument("--p-ar", type=float, default=0.5, help="share of sequences trained as plain SFT (default 0.5)")
-    sp.add_argument("--groups", type=int, default=1,
-                    help="mask groups per masked sequence: 1 = cut and truncate as the official code (default); "
-                         "G > 1 = keep the sequence and supervise G cut points (small budgets)")
-    sp.add_argument("--mask-weight", type=float, default=1.0, help="loss weight of mask positions (default 1)")
-    mg = tr.add_argument_group("msn")
-    mg.add_argument("--span", type=int, default=4, help="noised tokens per example (default 4, the paper's)")
-    ft = tr.add_argument_group("sdsat, space, msn and sft")
-    ft.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16); 0 = full fine-tuning")
-    ft.add_argument("--max-steps", type=int, default=0, help="optimiser steps (default 0: --epochs decides)")
-    tr.add_argument("--seed", type=seed_arg, default=0, help="training seed (order, noise, init)")
-    tr.add_argument("--data-seed", type=seed_arg, default=42, help="data shuffling seed")
-    tr.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
-    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
-    tr.add_argument("--device", default="cpu", help="cpu (default) or cuda; under accelerate launch: the process's")
-    tr.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
-    tr.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
-    tr.add_argument("--no-progress", action="store_true", help="no progress bars")
-    tr.set_defaults(func=cmd_train)
+    from .train.command import add_train_parser
+
+    add_train_parser(sub)  # selfspec train OBJECTIVE: each objective's options (train/command.py)
 
     ex = sub.add_parser("export", help="export a trained draft head to the EAGLE layout (vLLM / SGLang)")
     ex.add_argument("head_dir", help="a head trained by selfspec train hass")

@@ -135,8 +135,9 @@ def method_options(args: argparse.Namespace, method: str, strict: bool = True) -
             if (u.when is None or _given(args, u.when)) and (u.unless is None or not _given(args, u.unless)):
                 opts[u.field] = u.value if u.value is not None else getattr(args, _dest(flag))
         if strict and not mine and flag not in used:
-            users = ", ".join(dict.fromkeys([u.method for u in uses] + [
+            users = list(dict.fromkeys([u.method for u in uses] + [
                 u.method for other in every.values() for u in other if flag in (u.when, u.unless)]))
-            note = " (auto chooses the method and its settings itself)" if method == AUTO else ""
-            raise SelfspecError(f"{flag} does not apply to --method {method}{note}; it sets options of {users}")
+            named = " and ".join([", ".join(users[:-1]), users[-1]] if len(users) > 1 else users)
+            note = ", which chooses the method and its settings itself" if method == AUTO else ""
+            raise SelfspecError(f"{flag} is only used by {named}, not --method {method}{note}")
     return opts

@@ -14,13 +14,14 @@ import selfspec
 from selfspec.core import sampling as sampling_mod
 from selfspec.core.sampling import Warper
 
-from .test_lossless_sampling import check
-from .test_self_spec_sampling import PROMPT, V, exact_joint, target  # noqa: F401  (fixture)
+from .conftest import PROMPT, V, check, exact_joint
+
+pytestmark = pytest.mark.statistical
 
 N = 2500
 
 
-def run(target, warper: Warper, n: int = N) -> torch.Tensor:  # noqa: F811
+def run(target, warper: Warper, n: int = N) -> torch.Tensor:
     g = selfspec.load(target, "ar", self_test=False)
     counts = torch.zeros(V ** 3, dtype=torch.float64)
     for seed in range(n):
@@ -32,13 +33,13 @@ def run(target, warper: Warper, n: int = N) -> torch.Tensor:  # noqa: F811
 
 
 @pytest.mark.parametrize("warper", [Warper(1.0), Warper(0.8, top_p=0.9, top_k=4)], ids=["t1", "t0.8-topp0.9-topk4"])
-def test_coupled_ar_matches_target(target, warper):  # noqa: F811
+def test_coupled_ar_matches_target(target, warper):
     pval, tv, bound = check(run(target, warper), exact_joint(target.model, warper))
     assert pval > 1e-3, f"chi-square rejects: p={pval:.2e}, TV={tv:.4f}"
     assert tv < bound, f"TV {tv:.4f} above the bound {bound:.4f}"
 
 
-def test_negative_control_noise_reused_across_positions(target, monkeypatch):  # noqa: F811
+def test_negative_control_noise_reused_across_positions(target, monkeypatch):
     key = sampling_mod.GumbelNoise.key
     monkeypatch.setattr(sampling_mod.GumbelNoise, "key", lambda self, index: key(self, 0))
     warper = Warper(1.0)
@@ -46,7 +47,7 @@ def test_negative_control_noise_reused_across_positions(target, monkeypatch):  #
     assert pval < 1e-3 or tv > bound
 
 
-def test_negative_control_noise_ignores_seed(target, monkeypatch):  # noqa: F811
+def test_negative_control_noise_ignores_seed(target, monkeypatch):
     monkeypatch.setattr(sampling_mod.GumbelNoise, "key", lambda self, index: sampling_mod._splitmix64(index))
     warper = Warper(1.0)
     pval, tv, bound = check(run(target, warper, 200), exact_joint(target.model, warper))

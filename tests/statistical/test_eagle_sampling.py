@@ -7,18 +7,20 @@ token) must fail the same test."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import selfspec
 import selfspec.core.acceptance as acceptance
 
-from .test_lossless_sampling import check
-from .test_self_spec_sampling import PROMPT, V, exact_joint, target  # noqa: F401  (fixture)
+from .conftest import PROMPT, V, check, exact_joint
+
+pytestmark = pytest.mark.statistical
 
 N = 2500
 
 
-def run(target, temperature: float, top_p: float = 1.0) -> torch.Tensor:  # noqa: F811
+def run(target, temperature: float, top_p: float = 1.0) -> torch.Tensor:
     g = selfspec.load(target, "hass", head="random:5", total_tokens=8, top_k=3, depth=1, min_prob=0.0,
                       self_test=False)
     counts = torch.zeros(V ** 3, dtype=torch.float64)
@@ -31,7 +33,7 @@ def run(target, temperature: float, top_p: float = 1.0) -> torch.Tensor:  # noqa
     return counts
 
 
-def test_tree_sampling_matches_target(target):  # noqa: F811
+def test_tree_sampling_matches_target(target):
     from selfspec.core.sampling import Warper
 
     pval, tv, bound = check(run(target, 0.7, top_p=0.9), exact_joint(target.model, Warper(0.7, top_p=0.9)))
@@ -39,7 +41,7 @@ def test_tree_sampling_matches_target(target):  # noqa: F811
     assert tv < bound, f"TV {tv:.4f} above the bound {bound:.4f}"
 
 
-def test_negative_control_rejected_sibling_not_removed(target, monkeypatch):  # noqa: F811
+def test_negative_control_rejected_sibling_not_removed(target, monkeypatch):
     from selfspec.core.sampling import Warper
 
     monkeypatch.setattr(acceptance, "_residual", lambda p, q: p)

@@ -7,19 +7,20 @@ always-accept, a residual that keeps rejected mass - are in ``test_lossless_samp
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import selfspec
 from selfspec.core.sampling import Warper
 
-from .test_lossless_sampling import check
-from .test_sdsat_sampling import exact_joint_234
-from .test_self_spec_sampling import PROMPT, V, target  # noqa: F401  (fixture)
+from .conftest import PROMPT, V, check, exact_joint_234
+
+pytestmark = pytest.mark.statistical
 
 N = 2500
 
 
-def test_msn_tree_sampling_matches_target(target):  # noqa: F811
+def test_msn_tree_sampling_matches_target(target):
     warper = Warper(0.8, top_p=0.95)
     g = selfspec.load(target, "msn", tree_size=12, self_test=False)
     counts = torch.zeros(V ** 3, dtype=torch.float64)

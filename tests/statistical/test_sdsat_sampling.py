@@ -8,38 +8,21 @@ documents that the paper's nucleus rule is not lossless."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import selfspec
 from selfspec.core.sampling import Warper
 
-from .test_lossless_sampling import check
-from .test_self_spec_sampling import PROMPT, V, target  # noqa: F401  (fixture)
+from .conftest import PROMPT, V, check, exact_joint_234
+
+pytestmark = pytest.mark.statistical
 
 N = 2500
 ADAPTIVE = 5  # a random model: any id works as the adaptive token (drafts are simply poor)
 
 
-def exact_joint_234(model, warper: Warper) -> torch.Tensor:
-    """P(x2, x3, x4 | PROMPT) (x1 summed out) as a flat ``[V**3]`` tensor."""
-    out = torch.zeros(V ** 3, dtype=torch.float64)
-    with torch.inference_mode():
-        def probs(ids):
-            return warper.probs(model(input_ids=torch.tensor([ids])).logits[0, -1].float()).double()
-
-        p1 = probs(PROMPT)
-        for a in range(V):
-            p2 = probs(PROMPT + [a])
-            for b in range(V):
-                p3 = probs(PROMPT + [a, b])
-                for c in range(V):
-                    p4 = probs(PROMPT + [a, b, c])
-                    for d in range(V):
-                        out[(b * V + c) * V + d] += p1[a] * p2[b] * p3[c] * p4[d]
-    return out
-
-
-def run(target, method: str, warper: Warper) -> torch.Tensor:  # noqa: F811
+def run(target, method: str, warper: Warper) -> torch.Tensor:
     g = selfspec.load(target, method, adaptive_ids=str(ADAPTIVE), k=2, self_test=False)  # fixed: no profile
     counts = torch.zeros(V ** 3, dtype=torch.float64)
     for seed in range(N):
@@ -51,14 +34,14 @@ def run(target, method: str, warper: Warper) -> torch.Tensor:  # noqa: F811
     return counts
 
 
-def test_sdsat_tree_sampling_matches_target(target):  # noqa: F811
+def test_sdsat_tree_sampling_matches_target(target):
     warper = Warper(0.8, top_p=0.95)
     pval, tv, bound = check(run(target, "sdsat", warper), exact_joint_234(target.model, warper))
     assert pval > 1e-3, f"chi-square rejects: p={pval:.2e}, TV={tv:.4f}"
     assert tv < bound, f"TV {tv:.4f} above the bound {bound:.4f}"
 
 
-def test_negative_control_paper_sample_and_match(target):  # noqa: F811
+def test_negative_control_paper_sample_and_match(target):
     """The paper's verifier gives shared prefixes one chance per path and resamples after a
     rejection: the output distribution is biased toward the drafts."""
     warper = Warper(1.0)

@@ -12,39 +12,12 @@ import torch
 import selfspec
 import selfspec.drafters.self_spec as self_spec_mod
 from selfspec.core.sampling import Warper
-from selfspec.models.loading import LoadedModel
 
-from ..conftest import tiny_model
-from .test_lossless_sampling import check
+from .conftest import PROMPT, V, check, exact_joint
 
-V = 6
+pytestmark = pytest.mark.statistical
+
 N = 2500
-PROMPT = [1, 4, 3]
-
-
-@pytest.fixture(scope="module")
-def target():
-    model = tiny_model("llama", seed=3, layers=3, vocab=V)
-    with torch.no_grad():  # milder logits than the shared fixture: many sequences have mass
-        model.lm_head.weight.mul_(0.4)
-    return LoadedModel(model=model, tokenizer=None, name="tiny-v6", path=None)
-
-
-def exact_joint(model, warper: Warper) -> torch.Tensor:
-    """P(x1, x2, x3 | PROMPT) as a flat ``[V**3]`` tensor."""
-    out = torch.zeros(V ** 3, dtype=torch.float64)
-    with torch.inference_mode():
-        def probs(ids):
-            return warper.probs(model(input_ids=torch.tensor([ids])).logits[0, -1].float()).double()
-
-        p1 = probs(PROMPT)
-        for a in range(V):
-            p2 = probs(PROMPT + [a])
-            for b in range(V):
-                p3 = probs(PROMPT + [a, b])
-                for c in range(V):
-                    out[(a * V + b) * V + c] = p1[a] * p2[b] * p3[c]
-    return out
 
 
 def run(target, warper: Warper) -> torch.Tensor:

@@ -8,20 +8,21 @@ sampling is not lossless."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import selfspec
 from selfspec.core.sampling import Warper
 
-from .test_lossless_sampling import check
-from .test_sdsat_sampling import exact_joint_234
-from .test_self_spec_sampling import PROMPT, V, target  # noqa: F401  (fixture)
+from .conftest import PROMPT, V, check, exact_joint_234
+
+pytestmark = pytest.mark.statistical
 
 N = 2500
 MASK = 5  # a random model: any id works as the mask token (drafts are simply poor)
 
 
-def run(target, method: str, warper: Warper) -> torch.Tensor:  # noqa: F811
+def run(target, method: str, warper: Warper) -> torch.Tensor:
     g = selfspec.load(target, method, mask_id=MASK, k=2, self_test=False)
     counts = torch.zeros(V ** 3, dtype=torch.float64)
     for seed in range(N):
@@ -33,14 +34,14 @@ def run(target, method: str, warper: Warper) -> torch.Tensor:  # noqa: F811
     return counts
 
 
-def test_space_sampling_matches_target(target):  # noqa: F811
+def test_space_sampling_matches_target(target):
     warper = Warper(0.8, top_p=0.95)
     pval, tv, bound = check(run(target, "space", warper), exact_joint_234(target.model, warper))
     assert pval > 1e-3, f"chi-square rejects: p={pval:.2e}, TV={tv:.4f}"
     assert tv < bound, f"TV {tv:.4f} above the bound {bound:.4f}"
 
 
-def test_negative_control_paper_bonus_from_target(target):  # noqa: F811
+def test_negative_control_paper_bonus_from_target(target):
     """After a rejection the paper samples from Q instead of norm(max(0, Q - p)): the output is
     the mixture min(p, Q) + (1 - beta) Q, biased toward the drafts."""
     warper = Warper(1.0)
