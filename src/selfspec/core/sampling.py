@@ -113,8 +113,8 @@ class GumbelNoise:
         g = self._cache.get(k)
         if g is None:
             gen = torch.Generator().manual_seed(self.key(index))
-            u = torch.rand(vocab, generator=gen, dtype=torch.float64).clamp_(min=1e-300)
-            g = (-torch.log(-torch.log(u))).float().to(device)
+            u = torch.rand(vocab, generator=gen).clamp_(min=torch.finfo(torch.float32).tiny)
+            g = u.log_().neg_().log_().neg_().to(device)  # -log(-log u): standard Gumbel
             if len(self._cache) >= self.keep:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[k] = g
