@@ -10,10 +10,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-# Threads for tests on real models (1 beside other CPU jobs). Tests on tiny models always use one:
-# their ops are microseconds long, and a second OpenMP thread made each 10-20x slower on a shared
-# 2-core machine (a 64-wide linear: 5 us on 1 thread, 1 ms on 2), which alone made the suite 30+ min.
-REAL_MODEL_THREADS = int(os.environ.get("SELFSPEC_TEST_THREADS", "2"))
+# One torch thread per test process. Tests on tiny models run microsecond-sized ops, and a second
+# OpenMP thread made each 10-20x slower whenever the 2 cores were shared (a 64-wide linear: 5 us on
+# 1 thread, 1 ms on 2), which alone made the suite take 30+ minutes; SmolLM2 decodes as fast on 1
+# thread as on 2 here (100 vs 96 ms a token). CI's second command runs two processes instead
+# (`-n 2`). SELFSPEC_TEST_THREADS sets the threads of `real_model` and `slow` tests on bigger machines.
+REAL_MODEL_THREADS = int(os.environ.get("SELFSPEC_TEST_THREADS", "1"))
 torch.set_num_threads(1)
 # Tests name their backend; those that test the product default (auto) unset this themselves.
 os.environ["SELFSPEC_KERNELS"] = "stock"
@@ -107,6 +109,16 @@ def pytest_runtest_setup(item):
     _running["item"] = item
     real = any(item.get_closest_marker(m) for m in TIER_MARKERS)
     torch.set_num_threads(REAL_MODEL_THREADS if real else 1)  # also undoes a test's `--threads`
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`), all tests that load real models run in one
+    worker: they share its loaded models, and two workers never pull the same model at once."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if any(item.get_closest_marker(m) for m in TIER_MARKERS):
+            item.add_marker(pytest.mark.xdist_group("real_models"))
 
 
 def bundled_path(name: str) -> str:

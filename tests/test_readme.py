@@ -20,6 +20,15 @@ def test_two_setup_commands_and_ci_runs_the_test_one():
     assert test in (ROOT / ".ci" / "run").read_text()
 
 
+def test_ci_also_runs_the_full_proof_of_losslessness():
+    """The README "Tests" command for the statistical, real-model and matrix tiers is in .ci/run."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Tests", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    full = [line.split("  #", 1)[0].strip() for line in block.splitlines() if "not slow" in line]
+    assert len(full) == 1 and "statistical or real_model or matrix" in full[0]
+    assert full[0] in (ROOT / ".ci" / "run").read_text()
+
+
 def _markdown_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 

@@ -61,7 +61,8 @@ class Draft:
 
     ``q[prev]`` is the warped q after token ``prev``; ``told[prev]`` is what the rule is told q
     was (a bug when it differs). Draws are by inverse CDF from uniforms taken from ``g`` in blocks:
-    exact draws from q at a fraction of ``torch.multinomial``'s per-call cost."""
+    exact draws from q at a fraction of ``torch.multinomial``'s per-call cost. Trees are built once
+    per distinct token sequence (they are immutable) and reused."""
 
     BLOCK = 4096
 
@@ -74,11 +75,20 @@ class Draft:
         self.cdf = (cdf / cdf[:, -1:]).tolist()
         self.g = g
         self.u: list[float] = []
+        self.trees: dict[tuple[int, ...], DraftTree] = {}
 
     def sample(self, prev: int) -> int:
         if not self.u:
             self.u = torch.rand(self.BLOCK, generator=self.g, dtype=torch.float64).tolist()
         return bisect.bisect_right(self.cdf[prev], self.u.pop())  # u < 1 = cdf[-1]; p = 0 tokens never
+
+    def tree(self, tokens: list[int], parents: list[int], prevs: list[int] | None) -> DraftTree:
+        """The tree of these nodes; ``prevs[i]``: the token node i's q follows (``None``: one-hot q)."""
+        key = tuple(tokens)
+        if key not in self.trees:
+            rows = None if prevs is None else self.told[prevs]
+            self.trees[key] = DraftTree(torch.tensor(tokens), torch.tensor(parents), rows)
+        return self.trees[key]
 
 
 def draft_tree(pending: int, d: Draft, shape: str) -> DraftTree:
@@ -91,20 +101,20 @@ def draft_tree(pending: int, d: Draft, shape: str) -> DraftTree:
             x = d.sample(prev)
             tokens.append(x), parents.append(node), prevs.append(prev)
             prev, node = x, len(tokens) - 1
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), d.told[prevs])
+        return d.tree(tokens, parents, prevs)
     if shape == "tree-iid":
         for _ in range(2):
             x = d.sample(pending)
             tokens.append(x), parents.append(0), prevs.append(pending)
             y = d.sample(x)
             tokens.append(y), parents.append(len(tokens) - 2), prevs.append(x)
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), d.told[prevs])
+        return d.tree(tokens, parents, prevs)
     if shape == "tree-top2":  # deterministic distinct siblings: one-hot q (draft_probs None)
         top = torch.topk(d.logits[pending], 2).indices.tolist()
         for x in top:
             tokens.append(x), parents.append(0)
             tokens.append(int(d.logits[x].argmax())), parents.append(len(tokens) - 2)
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents), None)
+        return d.tree(tokens, parents, None)
     raise ValueError(shape)
 
 
@@ -116,13 +126,16 @@ def simulate(kind: str, shape: str, warper: Warper, seed: int = 0, rule=None,
     g = torch.Generator().manual_seed(seed)
     d = Draft(draft, warper, g, probs_for_rule)
     counts = [0] * (V * V)
+    rows: dict[DraftTree, torch.Tensor] = {}
     start = 0
     for _ in range(n):
         out: list[int] = []
         pending = start
         while len(out) < TOKENS_OUT:
             tree = draft_tree(pending, d, shape)
-            logits = target[tree.tokens]  # row i: target logits after node i's token
+            if tree not in rows:
+                rows[tree] = target[tree.tokens]  # row i: target logits after node i's token
+            logits = rows[tree]
             v = rule(tree, logits, warper, g)
             new = tree.path_tokens(v.accepted_nodes[1:]) + [v.bonus_token]
             out += new

@@ -18,7 +18,6 @@ from selfspec.train.conversations import Example
 from selfspec.train.msn import IGNORE, MsnObjective, MsnOptions, noise_example, span_starts
 
 from ..conftest import prompt_ids
-from .test_sdsat_train import data_file  # noqa: F401  (fixture)
 
 
 def example(n: int = 40, learn_from: int = 10, seed: int = 0) -> Example:
@@ -72,7 +71,7 @@ def test_msn_and_sft_are_validated_on_the_same_noised_batches():
 
 
 @pytest.mark.parametrize("what", ["msn", "sft"])
-def test_train_end_to_end(tiny_dir, data_file, tmp_path, monkeypatch, what):  # noqa: F811
+def test_train_end_to_end(tiny_dir, data_file, tmp_path, monkeypatch, what):
     monkeypatch.setattr(pipeline, "evaluation_prompts", lambda: ["w90 w91"])
     out = tmp_path / what
     assert main(["train", what, "--model", str(tiny_dir), "--data", str(data_file), "--out", str(out),
@@ -93,7 +92,7 @@ def test_train_end_to_end(tiny_dir, data_file, tmp_path, monkeypatch, what):  # 
             assert g.generate(p, max_new_tokens=20).token_ids == ar.generate(p, max_new_tokens=20).token_ids
 
 
-def test_bad_input(tiny_dir, data_file, tmp_path, capsys):  # noqa: F811
+def test_bad_input(tiny_dir, data_file, tmp_path, capsys):
     assert main(["train", "msn", "--model", str(tiny_dir), "--data", str(data_file), "--out",
                  str(tmp_path / "x"), "--no-progress", "--span", "-1"]) == 2
     err = capsys.readouterr().err

@@ -19,7 +19,7 @@ from selfspec.cli import main
 from selfspec.train.conversations import Example
 from selfspec.train.sdsat import IGNORE, SdsatObjective, SdsatOptions, clean_targets, mix_sequence
 
-from ..conftest import WORDS, prompt_ids, tiny_model
+from ..conftest import prompt_ids, tiny_model
 
 A = 99
 
@@ -104,19 +104,6 @@ def test_loss_is_half_plain_plus_weighted_adaptive():
 
 
 # ------------------------------------------------------------------------------------------ CLI
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> Path:
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("sdsat-data") / "conv.jsonl"
-    with open(path, "w") as f:
-        for i in range(32):
-            prompt = " ".join(rng.choice(WORDS) for _ in range(5))
-            answer = " ".join(WORDS[(i + j) % 12] for j in range(24))  # a learnable pattern
-            f.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": prompt},
-                                                            {"role": "assistant", "content": answer}]}) + "\n")
-    return path
 
 
 def train(tiny_dir, data_file, out: Path, *extra: str) -> int:

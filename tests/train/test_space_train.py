@@ -20,7 +20,6 @@ from selfspec.train.conversations import Example
 from selfspec.train.space import IGNORE, SpaceObjective, SpaceOptions, cut_points, make_sample, masked_logits
 
 from ..conftest import prompt_ids, tiny_model
-from .test_sdsat_train import data_file  # noqa: F401  (fixture)
 
 M = 95  # the mask id on the 96-token random model
 
@@ -122,7 +121,7 @@ def test_loss_weights_mask_positions():
 
 
 @pytest.mark.parametrize("groups", ["1", "4"])
-def test_train_space_end_to_end(tiny_dir, data_file, tmp_path, monkeypatch, groups):  # noqa: F811
+def test_train_space_end_to_end(tiny_dir, data_file, tmp_path, monkeypatch, groups):
     monkeypatch.setattr(pipeline, "evaluation_prompts", lambda: ["w90 w91"])
     out = tmp_path / "space"
     assert main(["train", "space", "--model", str(tiny_dir), "--data", str(data_file), "--out", str(out),
@@ -142,7 +141,7 @@ def test_train_space_end_to_end(tiny_dir, data_file, tmp_path, monkeypatch, grou
 
 
 @pytest.mark.parametrize("bad", [["--masks", "0"], ["--p-ar", "1"], ["--groups", "0"]])
-def test_bad_input(tiny_dir, data_file, tmp_path, bad, capsys):  # noqa: F811
+def test_bad_input(tiny_dir, data_file, tmp_path, bad, capsys):
     assert main(["train", "space", "--model", str(tiny_dir), "--data", str(data_file), "--out",
                  str(tmp_path / "x"), "--no-progress", *bad]) == 2
     err = capsys.readouterr().err
