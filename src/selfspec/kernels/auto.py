@@ -15,8 +15,8 @@ import sys
 from torch import nn
 
 from ..core.cost import measure, profile_key, profile_path, save_cache
-from . import onednn
 from .backends import use_backend
+from .onednn import available as onednn_available
 
 ROUNDS = 3
 
@@ -25,7 +25,7 @@ def candidates(model: nn.Module) -> list[str]:
     """The fp32 (lossless) backends that can run this model here."""
     p = next(model.parameters())
     out = ["stock"]
-    if onednn.available(p.device, p.dtype) is None:
+    if onednn_available(p.device, p.dtype) is None:
         out.append("onednn")
     return out
 

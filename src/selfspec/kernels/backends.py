@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import int8, onednn
+from .int8 import apply as apply_int8
+from .onednn import apply as apply_onednn
 from .swap import restore_attention, restore_linears
 
 
@@ -20,6 +21,6 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False) -> None:
     restore_linears(model, forget=not keep)
     restore_attention(model)
     if kernels == "onednn":
-        onednn.apply(model, keep)
+        apply_onednn(model, keep)
     elif kernels == "int8":
-        int8.apply(model, keep)
+        apply_int8(model, keep)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import SelfspecError
-from . import rowwise_attention
+from .rowwise_attention import NAME as ROWWISE_ATTENTION
 from .swap import SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
 QMAX = 127.0  # weights: symmetric 8 bits
@@ -329,4 +329,4 @@ def apply(model: nn.Module, keep: bool = False) -> None:
     rest = [child for _, _, child in linear_layers(model) if id(child) not in grouped]
     if rest:
         swap_linears(model, Int8Linear, keep, only={id(c) for c in rest})
-    use_attention(model, rowwise_attention.NAME)
+    use_attention(model, ROWWISE_ATTENTION)
