@@ -152,3 +152,15 @@ def smollm2():
 def prompt_ids(seed: int, n: int, vocab: int = VOCAB) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(4, vocab, (n,), generator=g).tolist()
+
+
+def write_draft_ranking(model_name: str, vocab_size: int, ranking: list[int]) -> Path:
+    """A draft vocabulary ranking for ``model_name`` in the test SELFSPEC_HOME (``ranking`` first,
+    then every other id in order), as ``scripts/build_draft_vocab.py`` writes it."""
+    from selfspec.models.draft_vocab import FORMAT, user_ranking_path
+    from selfspec.train.draft_vocab import write_ranking
+
+    rest = [i for i in range(vocab_size) if i not in set(ranking)]
+    data = {"format": FORMAT, "model": model_name, "vocab_size": vocab_size, "source": {"test": True},
+            "ranking": list(ranking) + rest, "counts": {}}
+    return write_ranking(data, user_ranking_path(model_name))

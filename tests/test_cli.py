@@ -225,11 +225,12 @@ def test_missing_head_directory_is_named(capsys, tiny_dir, tmp_path):
     code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--method", "hass", "--head",
                          str(missing), "w1")
     assert code == 2 and f"head directory {missing} does not exist" in err and "selfspec_head.json" not in err
-    code, out, err = run(capsys, "export", str(missing), "--model", str(tiny_dir), "--out", str(tmp_path / "o"))
+    code, out, err = run(capsys, "export", str(missing), "--model", str(tiny_dir), "--engine", "eagle", "--out",
+                         str(tmp_path / "o"))
     assert code == 2 and f"head directory {missing} does not exist" in err
     (tmp_path / "a-file").write_text("")
-    code, out, err = run(capsys, "export", str(tmp_path / "a-file"), "--model", str(tiny_dir), "--out",
-                         str(tmp_path / "o"))
+    code, out, err = run(capsys, "export", str(tmp_path / "a-file"), "--model", str(tiny_dir), "--engine", "eagle",
+                         "--out", str(tmp_path / "o"))
     assert code == 2 and "is a file, not a directory" in err
 
 

@@ -357,3 +357,53 @@ def test_msn_tree_right_for_exactly_j(target, references, j):
         assert r.token_ids == ref
         steps = [(c, dep) for c, dep in zip(r.committed_per_step[1:], r.drafted_per_step[1:]) if dep > 0]
         assert steps and all(c == min(j, dep) + 1 for c, dep in steps[:-1])
+
+
+# -- reduced draft vocabularies and int8 draft passes (issue 21): drafts change, output never does
+
+def _reduced_cases():
+    return {
+        # the subset holds every reference token: self-spec with nothing skipped drafts right
+        "self-spec-covering": ("self-spec", dict(skip_attention=(), skip_mlp=(), k=K, auto_k=False), "covering"),
+        # the subset holds no reference token: every draft is wrong
+        "self-spec-disjoint": ("self-spec", dict(skip_attention=(), skip_mlp=(), k=K, auto_k=False), "disjoint"),
+        "self-spec-skip-int8": ("self-spec", dict(skip_attention=(1,), skip_mlp=(2,), k=K, auto_k=False,
+                                                  draft_kernels="int8"), "half"),
+        "self-spec-int8-full-vocab": ("self-spec", dict(skip_attention=(), skip_mlp=(), k=K, auto_k=False,
+                                                        draft_kernels="int8", draft_vocab=0), None),
+        "hass-reduced": ("hass", dict(head="random:1", total_tokens=10, top_k=3, depth=3, min_prob=0.0), "half"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_reduced_cases()))
+def test_reduced_draft_vocab_and_int8_drafts_match_generate(target, references, case):
+    from selfspec.models.draft_vocab import always_ids
+
+    from ..conftest import write_draft_ranking
+
+    method, opts, subset = _reduced_cases()[case]
+    used = sorted({t for ref in references for t in ref})
+    if subset == "covering":
+        ranking = used
+    elif subset == "disjoint":
+        ranking = [t for t in range(VOCAB) if t not in used]
+    else:
+        ranking = list(range(0, VOCAB, 2))
+    size = len(ranking) if subset else 0
+    write_draft_ranking(target.name, VOCAB, ranking)
+    if subset:
+        opts = {**opts, "draft_vocab": size}
+    g = selfspec.load(target, method, self_test=False, **opts)
+    vocab = getattr(g.drafter.lm_head, "vocab", None)
+    assert (vocab is None) == (subset is None)
+    if opts.get("draft_kernels") == "int8" and target.backend != "int8":
+        assert g.drafter.switch is not None and g.drafter.switch.extra_bytes > 0
+    g.drafter = InvariantChecker(g.drafter)
+    for p, ref in zip(PROMPTS, references):
+        r = g.generate(p, max_new_tokens=MAX_NEW)
+        assert r.token_ids == ref
+        if subset == "disjoint" and not set(always_ids(target.model, target.tokenizer)) & set(ref):
+            assert not set(vocab.ids.tolist()) & set(ref)
+            assert r.acceptance_by_depth[0] == 0.0
+        if subset == "covering" and target.backend == "stock":
+            assert r.acceptance_by_depth == [1.0] * K

@@ -1,9 +1,7 @@
-"""The EAGLE head's files: save/load round trip, refusal of a head for another architecture, and
-the export to the EAGLE checkpoint layout (vLLM / SGLang) and back."""
+"""The EAGLE head's files: save/load round trip, refusal of a head for another architecture (the
+exports for vLLM / SGLang / EAGLE and back: test_export.py)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -11,7 +9,6 @@ from safetensors.torch import load_file
 
 from selfspec.errors import SelfspecError
 from selfspec.heads.eagle import EagleHead, load_head
-from selfspec.heads.export import export_eagle, import_eagle
 
 from ..conftest import tiny_model
 
@@ -59,29 +56,9 @@ def test_head_for_another_architecture_is_refused(saved):
         load_head(path, other)
 
 
-def test_export_to_eagle_layout_and_back(saved, target, tmp_path):
-    head, path = saved
-    out = export_eagle(path, target, tmp_path / "eagle", with_embeddings=True)
-    state = load_file(str(out / "model.safetensors"))
-    assert set(state) == {k for k in head.state_dict()} | {"embed_tokens.weight"}
-    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
-            "layers.0.post_attention_layernorm.weight"} <= set(state)
-    cfg = json.loads((out / "config.json").read_text())
-    assert cfg["num_hidden_layers"] == 1 and cfg["bias"] is True and cfg["architectures"] == ["LlamaForCausalLM"]
-    back = import_eagle(out, target)
-    assert torch.equal(outputs(head, target), outputs(back, target))
-
-
-def test_cli_export_and_missing_head_errors(tiny_dir, tmp_path, capsys):
+def test_cli_missing_head_errors(tiny_dir, capsys):
     from selfspec.cli import main
-    from selfspec.models.loading import load_model
 
-    target = load_model(str(tiny_dir)).model
-    EagleHead(target).save(tmp_path / "h", {"target": "tiny", "method": "eagle2"})
-    assert main(["export", str(tmp_path / "h"), "--model", str(tiny_dir), "--out", str(tmp_path / "e")]) == 0
-    assert "EAGLE-layout head" in capsys.readouterr().out
-    assert torch.equal(outputs(import_eagle(tmp_path / "e", target), target),
-                       outputs(load_head(tmp_path / "h", target)[0], target))
     # no trained head for this model: one line naming the command that makes one
     assert main(["generate", "--model", str(tiny_dir), "--method", "hass", "--no-chat", "w1 w2"]) == 2
     err = capsys.readouterr().err

@@ -52,12 +52,13 @@ AR = MethodSpec("ar", NoOptions, build_ar, True, "plain autoregressive decoding 
 
 def _request_state_attrs(drafter) -> list[str]:
     """Attributes of a drafter that adapt during requests: the budget and acceptance estimators
-    (objects defined in ``selfspec.drafters``) and plain numbers. Models, caches, tensors and
-    generators are excluded: drafters reset those in ``prefill``."""
+    (objects defined in ``selfspec.drafters``, unless their class says ``adapts = False``) and
+    plain numbers. Models, caches, tensors and generators are excluded: drafters reset those in
+    ``prefill``."""
     names = []
     for k, v in vars(drafter).items():
         mod = type(v).__module__ or ""
-        if mod.startswith("selfspec.drafters") or isinstance(v, (int, float)):
+        if (mod.startswith("selfspec.drafters") and getattr(v, "adapts", True)) or isinstance(v, (int, float)):
             names.append(k)
     return names
 

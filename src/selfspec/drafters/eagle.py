@@ -44,6 +44,7 @@ from ..errors import SelfspecError
 from ..heads.eagle import EagleHead
 from .budget import PLAIN_RATE, Backoff, best_rate
 from .spec import BuildContext, MethodSpec, check_numbers, need, option
+from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class EagleConfig:
     backoff: bool = option(True, "with a cost profile, verify only the pending token while measured drafting "
                                  "steps commit fewer tokens per second than plain decoding would (1 / T(1)), with a "
                                  "probe draft every 8 steps, doubling up to 64 while drafts keep not paying")
+    draft_vocab: int = option(-1, DRAFT_VOCAB_HELP, flag="--draft-vocab")
 
     def __post_init__(self) -> None:
         check_numbers(self, "eagle2/hass")
@@ -72,6 +74,7 @@ class EagleConfig:
         need(self, "eagle2/hass", "total_tokens", self.total_tokens >= 0, ">= 0")
         need(self, "eagle2/hass", "max_tokens", self.max_tokens >= 2, ">= 2")
         need(self, "eagle2/hass", "min_prob", 0.0 <= self.min_prob < 1.0, "in [0, 1)")
+        need(self, "eagle2/hass", "draft_vocab", self.draft_vocab >= -1, ">= -1")
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ class EagleDrafter:
     needs_hidden = True
 
     def __init__(self, name: str, target: torch.nn.Module, head: EagleHead, cfg: EagleConfig,
-                 profile: CostProfile | None, source: str = "") -> None:
+                 profile: CostProfile | None, source: str = "", lm_head: DraftLMHead | None = None) -> None:
         """
         Args:
             name: ``eagle2`` or ``hass`` (reports only).
@@ -142,6 +145,7 @@ class EagleDrafter:
             profile: the target's measured verify-cost profile (sizes the tree when
                 ``cfg.total_tokens`` is 0).
             source: where the head came from (reports).
+            lm_head: the draft LM head (a reduced vocabulary's rows); default: the target's.
         """
         self.name = name
         self.head = head
@@ -149,7 +153,7 @@ class EagleDrafter:
         self.profile = profile
         self.source = source
         self.embed = target.get_input_embeddings()
-        self.lm_head = target.get_output_embeddings()
+        self.lm_head = lm_head or DraftLMHead(target.get_output_embeddings(), None)
         self.device = next(head.parameters()).device
         self.dtype = next(head.parameters()).dtype
         self.cache = kv_cache.new_cache(head.config)
@@ -188,17 +192,21 @@ class EagleDrafter:
                         mask[None, None], self.cache)
         return out[0]
 
-    def _logprobs(self, h: torch.Tensor, state: DecodeState | None = None, depth: int = 1) -> torch.Tensor:
-        """Draft log-probabilities ``[T, V]`` of tokens at tree depth ``depth``, at least fp32
-        (fp64 heads stay fp64). With coupled sampling they are those of the warped logits plus
-        the target's Gumbel noise at that depth, so the tree ranks the tokens the target will
-        pick with that noise."""
+    def _top(self, h: torch.Tensor, k: int, state: DecodeState | None = None, depth: int = 1
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` best draft tokens after each of ``h`` (``[T, H]``) at tree depth ``depth``:
+        ``([T, k]`` log-probabilities, at least fp32 (fp64 heads stay fp64), ``[T, k]`` target
+        token ids). With a reduced draft vocabulary only its tokens are scored. With coupled
+        sampling the log-probabilities are those of the warped logits plus the target's Gumbel
+        noise at that depth, so the tree ranks the tokens the target will pick with that noise."""
         logits = self.lm_head(h)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if state is not None and state.deterministic and not state.warper.greedy:
             index = state.draft_index(depth)
-            logits = state.scores(logits, [index] * logits.shape[0])
-        return torch.log_softmax(logits, dim=-1)
+            logits = state.scores(self.lm_head.full(logits), [index] * logits.shape[0])
+            lp, tok = torch.topk(torch.log_softmax(logits, dim=-1), min(k, logits.shape[-1]), dim=-1)
+            return lp, tok
+        lp, idx = torch.topk(torch.log_softmax(logits, dim=-1), min(k, logits.shape[-1]), dim=-1)
+        return lp, self.lm_head.to_target(idx)
 
     @torch.no_grad()
     def catch_up(self, ids: list[int]) -> torch.Tensor:
@@ -226,9 +234,8 @@ class EagleDrafter:
         cfg = self.cfg
         priced = (state is None or not state.rejection) and self.profile is not None
         depth = 1
-        lp = self._logprobs(h_last[None], state, depth)[0]
-        k = min(cfg.top_k, lp.numel())
-        s1, tok1 = torch.topk(lp, k)
+        s1, tok1 = (t[0] for t in self._top(h_last[None], cfg.top_k, state, depth))
+        k = s1.numel()
         scores, tokens, parents = [s1], [tok1], [torch.full((k,), -1, dtype=torch.long)]
         f_score, f_tok, f_ids = s1, tok1, torch.arange(k)
         f_feat = h_last[None].expand(k, -1)
@@ -246,7 +253,7 @@ class EagleDrafter:
             out = self._run(f_feat, f_tok, torch.full((k,), position), tmask)
             position += 1
             depth += 1
-            clp, ctok = torch.topk(self._logprobs(out, state, depth), k, dim=-1)  # [k, k]
+            clp, ctok = self._top(out, k, state, depth)  # [k, k]
             cum = (f_score[:, None] + clp).flatten()
             scores.append(cum)
             tokens.append(ctok.flatten())
@@ -311,12 +318,22 @@ def load_head_for(target, cfg: EagleConfig, method: str) -> tuple[EagleHead, str
     return head, path
 
 
+def draft_lm_head(target, head: EagleHead, size: int) -> DraftLMHead:
+    """The head's draft LM head: ``size`` -1 = the head's stored draft vocabulary (the full one
+    where it has none), 0 = the full vocabulary, N = the model's top-N ranking."""
+    from ..models.draft_vocab import draft_vocab_for
+
+    vocab = head.draft_vocab if size == -1 else draft_vocab_for(target, size)
+    return DraftLMHead(target.model.get_output_embeddings(), vocab, target.backend)
+
+
 def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> EagleDrafter:
     from ..core.cost import load_or_measure
 
     head, source = load_head_for(target, cfg, spec.name)
     profile = None if cfg.total_tokens else load_or_measure(target.model, target.name, target.backend)
-    return EagleDrafter(spec.name, target.model, head, cfg, profile, source)
+    return EagleDrafter(spec.name, target.model, head, cfg, profile, source,
+                        draft_lm_head(target, head, cfg.draft_vocab))
 
 
 EAGLE2 = MethodSpec("eagle2", EagleConfig, build, True,

@@ -23,6 +23,7 @@ The draft is the target itself with some attention and MLP sub-layers skipped
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -35,11 +36,13 @@ from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
+from ..kernels.switch import DRAFT_KERNELS, LinearSwitch
 from ..models.adapter import build_mask
 from ..models.skipping import SkipSet, skip_sublayers
 from .budget import ChainBudget
 from .skip_config import GammaSettings, find
 from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
+from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
 
 DRAFT_EXITS = ("cost", "gamma")
 
@@ -62,32 +65,48 @@ class SelfSpecConfig:
     min_confidence: float = option(0.3, "cost exit: stop once the product of draft confidences falls below this")
     gamma0: float | None = option(None, "override the skip config's initial gamma (gamma exit)")
     alpha: float | None = option(None, "override the skip config's target acceptance alpha (gamma exit)")
+    draft_vocab: int = option(-1, DRAFT_VOCAB_HELP, flag="--draft-vocab")
+    draft_kernels: str = option("", "kernels of the draft passes: int8 = a quantised copy of the model's own weights "
+                                    "(+25% memory; verification stays on the model's kernels, so output is "
+                                    "unchanged), same = the verify backend's; empty = the skip config's (else same)",
+                                flag="--draft-kernels", choices=("", *DRAFT_KERNELS))
 
     def __post_init__(self) -> None:
         check_numbers(self, "self-spec")
         need(self, "self-spec", "draft_exit", self.draft_exit in DRAFT_EXITS, f"one of {', '.join(DRAFT_EXITS)}")
         need(self, "self-spec", "k", self.k is None or self.k >= 1, ">= 1")
         need(self, "self-spec", "min_confidence", 0.0 <= self.min_confidence < 1.0, "in [0, 1)")
+        need(self, "self-spec", "draft_vocab", self.draft_vocab >= -1, ">= -1")
+        need(self, "self-spec", "draft_kernels", self.draft_kernels in ("", *DRAFT_KERNELS),
+             f"one of {', '.join(DRAFT_KERNELS)}")
 
 
 def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: int,
-                  last_only: bool = True) -> torch.Tensor:
+                  last_only: bool = True, lm_head: DraftLMHead | None = None) -> torch.Tensor:
     """Feed ``tokens`` (causally) at positions ``position, position + 1, ...`` after the cache,
     whose non-skipped layers hold ``position`` rows. Call inside :func:`skip_sublayers`.
 
     The mask is explicit because cache layers differ in length while drafting (HF would read
     the length of layer 0, which may be skipped).
 
+    Args:
+        lm_head: a reduced draft LM head: the decoder runs without the model's LM head and
+            this one gives the logits (``[.., N]``); None: the model's own (``[.., V]``).
+
     Returns:
-        logits ``[1, V]`` of the last token (``last_only``) or ``[T, V]`` of every token, float.
+        logits ``[1, V or N]`` of the last token (``last_only``) or ``[T, V or N]`` of every token, float.
     """
     device = next(model.parameters()).device
     t = len(tokens)
     block = torch.ones(t, t, dtype=torch.bool).tril()
     mask = build_mask(position, block, model.config._attn_implementation, model.dtype, device)
-    out = model(input_ids=torch.tensor([tokens], device=device),
-                position_ids=torch.arange(position, position + t, device=device)[None], attention_mask=mask,
-                **kv_cache.cache_arg(model, cache), use_cache=True, logits_to_keep=1 if last_only else 0)
+    kwargs = dict(input_ids=torch.tensor([tokens], device=device),
+                  position_ids=torch.arange(position, position + t, device=device)[None], attention_mask=mask,
+                  **kv_cache.cache_arg(model, cache), use_cache=True)
+    if lm_head is not None and lm_head.vocab is not None:
+        hidden = getattr(model, model.base_model_prefix)(**kwargs).last_hidden_state[0]  # [T, H], post-norm
+        return lm_head(hidden[-1:] if last_only else hidden)
+    out = model(**kwargs, logits_to_keep=1 if last_only else 0)
     return out.logits[0].float()
 
 
@@ -129,7 +148,8 @@ class SelfSpecDrafter:
 
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
-                 source: str = "explicit") -> None:
+                 source: str = "explicit", lm_head: DraftLMHead | None = None,
+                 switch: LinearSwitch | None = None) -> None:
         """
         Args:
             model: the target (a stock HF causal LM); the draft is this model with ``skip``.
@@ -140,6 +160,8 @@ class SelfSpecDrafter:
             auto_k: let the budget back off to no drafting (and, with ``cost``, size drafts).
             min_confidence: ``cost`` exit threshold on the product of confidences.
             source: where the skip set came from (a skip config path or ``explicit``).
+            lm_head: a reduced draft LM head (None: the model's own).
+            switch: other kernels for the draft passes (int8 weights), or None.
         """
         self.model = model
         self.skip = skip
@@ -150,6 +172,8 @@ class SelfSpecDrafter:
         self.auto_k = auto_k
         self.min_confidence = min_confidence if auto_k else 0.0
         self.device = next(model.parameters()).device
+        self.lm_head = lm_head
+        self.switch = switch
         self._drafted = 0
         self._last_draft_s = 0.0
 
@@ -175,10 +199,11 @@ class SelfSpecDrafter:
         qs: list[torch.Tensor] = []
         confidences: list[float] = []
         p_all, x = 1.0, state.pending
+        full = self.lm_head.full if self.lm_head is not None else (lambda v: v)
         try:
-            with skip_sublayers(self.model, self.skip):
+            with skip_sublayers(self.model, self.skip), (self.switch.active() if self.switch else nullcontext()):
                 for i in range(k):
-                    logits = draft_forward(self.model, state.cache, [x], base + i)[-1]
+                    logits = full(draft_forward(self.model, state.cache, [x], base + i, lm_head=self.lm_head)[-1])
                     if det:
                         probs = state.scores(logits, state.draft_index(i + 1)).softmax(-1)
                         x = int(probs.argmax())
@@ -228,15 +253,17 @@ def _layers(value) -> tuple[int, ...]:
         raise SelfspecError(f"self-spec layer indices must be integers, not {value!r}") from e
 
 
-def resolve_skip(target, cfg: SelfSpecConfig) -> tuple[SkipSet, GammaSettings, str, tuple[float, float] | None]:
-    """The skip set, gamma settings, source and measured priors (acceptance, draft cost / T(1))
-    of ``self-spec``: explicit sets (no priors), else a skip config."""
+def resolve_skip(target, cfg: SelfSpecConfig
+                 ) -> tuple[SkipSet, GammaSettings, str, tuple[float, float] | None, int, str]:
+    """The skip set, gamma settings, source, measured priors (acceptance, draft cost / T(1)),
+    draft vocabulary size and draft kernels of ``self-spec``: explicit sets (no priors, full
+    vocabulary, the verify kernels unless named), else a skip config's."""
     from ..models.skipping import decoder_layers
 
     num_layers = len(decoder_layers(target.model))
     if cfg.skip_attention is not None or cfg.skip_mlp is not None:
         skip = SkipSet.of(_layers(cfg.skip_attention), _layers(cfg.skip_mlp))
-        gamma, source, priors = GammaSettings(), "explicit", None
+        gamma, source, priors, vocab, kernels = GammaSettings(), "explicit", None, 0, "same"
     else:
         found = find(target.name, target.model, cfg.skip_config)
         if found is None:
@@ -245,20 +272,36 @@ def resolve_skip(target, cfg: SelfSpecConfig) -> tuple[SkipSet, GammaSettings, s
                 "self-spec`, or pass --skip-config PATH (API: skip_attention=..., skip_mlp=...)")
         sc, source = found
         skip, gamma, priors = sc.skip, sc.gamma, sc.priors()
+        vocab, kernels = sc.draft_vocab, sc.draft_kernels
     skip.check(num_layers)
     over = {k: v for k, v in (("gamma0", cfg.gamma0), ("alpha", cfg.alpha)) if v is not None}
     if cfg.k is not None:
         over["max_draft"] = cfg.k
-    return skip, dataclasses.replace(gamma, **over), source, priors
+    vocab = vocab if cfg.draft_vocab == -1 else cfg.draft_vocab
+    kernels = cfg.draft_kernels or kernels
+    return skip, dataclasses.replace(gamma, **over), source, priors, vocab, kernels
+
+
+def draft_parts(target, vocab_size: int, kernels: str) -> tuple[DraftLMHead | None, LinearSwitch | None]:
+    """The draft LM head over a reduced vocabulary (None: the model's own) and the switch to
+    other draft kernels (None: the verify backend's; also when the model itself runs int8)."""
+    from ..models.draft_vocab import draft_vocab_for
+
+    kernels = "same" if kernels == target.backend else kernels
+    vocab = draft_vocab_for(target, vocab_size)
+    head_backend = kernels if kernels != "same" else target.backend
+    lm_head = DraftLMHead(target.model.get_output_embeddings(), vocab, head_backend) if vocab is not None else None
+    return lm_head, (LinearSwitch(target.model, kernels) if kernels != "same" else None)
 
 
 def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:
-    skip, gamma, source, priors = resolve_skip(target, cfg)
+    skip, gamma, source, priors, vocab, kernels = resolve_skip(target, cfg)
     budget = chain_budget(target, cfg.auto_k, gamma.max_draft)
     if priors is not None and budget.profile is not None:  # start from what the search measured
         budget.set_prior(priors[0], priors[1] * budget.profile.t1)
+    lm_head, switch = draft_parts(target, vocab, kernels)
     return SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
-                           source)
+                           source, lm_head, switch)
 
 
 SPEC = MethodSpec("self-spec", SelfSpecConfig, build, True,

@@ -94,6 +94,8 @@ class SkipConfig:
     skip_mlp: tuple[int, ...]
     gamma: GammaSettings = field(default_factory=GammaSettings)
     search: dict = field(default_factory=dict)  # objective, score, trials, backend, machine, ...
+    draft_vocab: int = 0  # reduced draft vocabulary size (0: full), see selfspec.core.draft_vocab
+    draft_kernels: str = "same"  # kernels of the draft passes (int8: a quantised copy of the weights)
 
     @property
     def skip(self) -> SkipSet:
@@ -122,7 +124,8 @@ class SkipConfig:
             return cls(model=str(d["model"]), config_hash=str(d["config_hash"]), num_layers=int(d["num_layers"]),
                        skip_attention=tuple(int(i) for i in d["skip_attention"]),
                        skip_mlp=tuple(int(i) for i in d["skip_mlp"]),
-                       gamma=GammaSettings(**d.get("gamma", {})), search=dict(d.get("search", {})))
+                       gamma=GammaSettings(**d.get("gamma", {})), search=dict(d.get("search", {})),
+                       draft_vocab=int(d.get("draft_vocab", 0)), draft_kernels=str(d.get("draft_kernels", "same")))
         except (KeyError, TypeError, ValueError) as e:
             raise SelfspecError(f"{source} is not a valid skip config ({e}); "
                                 f"write one with: selfspec tune MODEL --method self-spec") from e

@@ -9,9 +9,12 @@ The head owns only ``fc`` and the decoder layer (a stock ``transformers`` layer 
 target's family, with its input norm replaced by identity, as in EAGLE); the target's embedding
 and LM head are shared and frozen, so they are passed in by the caller and never saved.
 
-Files of a saved head (directory): ``model.safetensors`` (``fc.*``, ``layers.0.*``), ``config.json``
-(the target's config with ``num_hidden_layers = 1`` and ``bias``), ``selfspec_head.json`` (format,
-method, target name and architecture hash, training settings and metrics).
+Files of a saved head (directory): ``model.safetensors`` (``fc.*``, ``layers.0.*``, and with a
+reduced draft vocabulary EAGLE-3's ``d2t`` ``[N]`` int64 offsets and ``t2d`` ``[V]`` bool),
+``config.json`` (the target's config with ``num_hidden_layers = 1`` and ``bias``),
+``selfspec_head.json`` (format, method, target name and architecture hash, ``draft_vocab_size``
+when reduced, training settings and metrics). A reduced head's draft LM head is the target's LM
+head at the subset's rows (:mod:`selfspec.core.draft_vocab`), so it is not stored.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..core import kv_cache
+from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
 from ..models.skipping import decoder_layers
 
@@ -78,8 +82,13 @@ class EagleHead(nn.Module):
         layer.input_layernorm = nn.Identity()
         self.layers = nn.ModuleList([layer])
         self.rotary_emb = rot_cls(config=cfg)
+        self.draft_vocab: DraftVocab | None = None  # set_draft_vocab: the draft LM head's subset
         p = next(target.parameters())
         self.to(device=p.device, dtype=p.dtype)
+
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Draft over ``vocab`` (None: the full vocabulary); saved with the head."""
+        self.draft_vocab = vocab
 
     @property
     def hidden_size(self) -> int:
@@ -126,11 +135,16 @@ class EagleHead(nn.Module):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        extra: dict = {}
+        if self.draft_vocab is not None:
+            state["d2t"], state["t2d"] = self.draft_vocab.d2t(), self.draft_vocab.t2d()
+            extra["draft_vocab_size"] = self.draft_vocab.size
         save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
         cfg = self.config.to_dict()
         cfg.pop("_attn_implementation_autoset", None)
         (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
-        full = {"format": HEAD_FORMAT, "arch": arch_hash(self.config), "bias": self.fc.bias is not None, **meta}
+        full = {"format": HEAD_FORMAT, "arch": arch_hash(self.config), "bias": self.fc.bias is not None, **extra,
+                **meta}
         (out / META_FILE).write_text(json.dumps(full, indent=2) + "\n")
         return out
 
@@ -166,6 +180,10 @@ def load_head(path: Path | str, target: nn.Module) -> tuple[EagleHead, dict]:
                             f"(target '{meta.get('target', '?')}'); train one for this model")
     head = EagleHead(target, bias=bool(meta.get("bias", True)))
     state = load_file(str(path / WEIGHTS_FILE))
+    d2t = state.pop("d2t", None)
+    state.pop("t2d", None)
+    if d2t is not None:
+        head.set_draft_vocab(DraftVocab.from_d2t(d2t, int(target.config.vocab_size)))
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise SelfspecError(f"draft head {path} does not match its config (missing {missing[:2]}, "

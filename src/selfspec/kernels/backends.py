@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from .int8 import Int8Linear
 from .int8 import apply as apply_int8
+from .onednn import OneDNNLinear
 from .onednn import apply as apply_onednn
 from .swap import restore_attention, restore_linears
 
@@ -24,3 +26,13 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False) -> None:
         apply_onednn(model, keep)
     elif kernels == "int8":
         apply_int8(model, keep)
+
+
+def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:
+    """One stand-alone ``nn.Linear`` on concrete backend ``kernels`` (e.g. a draft LM head over a
+    reduced vocabulary, which lives outside the model). Same call signature as ``layer``."""
+    if kernels == "onednn":
+        return OneDNNLinear(layer)
+    if kernels == "int8":
+        return Int8Linear(layer)
+    return layer

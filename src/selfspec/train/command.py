@@ -98,6 +98,8 @@ def _add_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW peak learning rate (default 3e-4)")
     p.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features (default 0.1)")
     p.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
+    p.add_argument("--no-fc-bias", action="store_true",
+                   help="train fc without a bias (vLLM's EAGLE fc has none; see selfspec export)")
 
 
 def run_head(args: argparse.Namespace) -> int:
@@ -113,7 +115,8 @@ def run_head(args: argparse.Namespace) -> int:
                             "and --batch-size >= 1")
     opts = TrainOptions(objective=args.objective, passes=passes, topk=args.topk, topk_weight=topk_w,
                         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=args.noise,
-                        seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "")
+                        seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "",
+                        fc_bias=not args.no_fc_bias)
     acc, target, data = _start(args)
     from .features import extract_features, read_sequences
     from .pipeline import prepare_examples

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import SelfspecError
 from ..heads.eagle import EagleHead, load_head
 from . import loop
 from .features import CachedSequence
@@ -43,6 +44,7 @@ class TrainOptions:
         seed: data order, noise and initialisation.
         checkpoint_every: steps between checkpoints.
         init: a head directory to continue from (the paper's ablation protocol), or empty.
+        fc_bias: give ``fc`` a bias (EAGLE's default); False for heads that vLLM loads as they are.
     """
 
     objective: str = "hass"
@@ -63,6 +65,7 @@ class TrainOptions:
     seed: int = 0
     checkpoint_every: int = 200
     init: str = ""
+    fc_bias: bool = True
 
     @property
     def weights(self) -> LossWeights:
@@ -184,7 +187,10 @@ def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, o
     acc = loop.accelerator_for(target, accelerator)
     torch.manual_seed(opts.seed)
     target.requires_grad_(False)
-    head = load_head(opts.init, target)[0] if opts.init else EagleHead(target)
+    head = load_head(opts.init, target)[0] if opts.init else EagleHead(target, bias=opts.fc_bias)
+    if (head.fc.bias is not None) != opts.fc_bias:
+        raise SelfspecError(f"--init head {opts.init} {'has' if head.fc.bias is not None else 'has no'} "
+                            "an fc bias; drop or add --no-fc-bias to match it")
     head.train()
     method = "eagle2" if opts.objective == "eagle" else "hass"
 

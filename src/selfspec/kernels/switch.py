@@ -1,0 +1,63 @@
+"""Draft passes on other kernels than verification: a kept second set of linear layers that a
+context manager swaps in (e.g. an int8 copy of the model's own weights for self-drafting).
+
+Only the linear layers change; the attention function stays the verify backend's. Drafts need
+not be exact, and verification (outside the context) runs on the layers the model had before,
+so output is unchanged. Switching is one ``setattr`` per linear layer each way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import nn
+
+from ..errors import SelfspecError
+from .int8 import apply as apply_int8
+from .swap import linear_layers, original_of
+
+DRAFT_KERNELS = ("same", "int8")
+MEMORY_COST = {"same": 0.0, "int8": 0.25}  # extra memory, as a share of the fp32 weights
+
+
+class LinearSwitch:
+    """The model's linear layers plus a kept alternative set on ``kernels``.
+
+    Attributes:
+        kernels: the alternative backend (``int8``).
+        extra_bytes: memory the alternative layers hold.
+    """
+
+    def __init__(self, model: nn.Module, kernels: str) -> None:
+        if kernels not in DRAFT_KERNELS or kernels == "same":
+            raise SelfspecError(f"draft kernels {kernels!r}: use int8 (or same for the verify backend's)")
+        if model.__dict__.get("_selfspec_released"):
+            raise SelfspecError("this model's fp32 weights were released; load it again to draft on other kernels")
+        self.model = model
+        self.kernels = kernels
+        slots = linear_layers(model)
+        attn = model.config._attn_implementation
+        try:
+            apply_int8(model, keep=False)  # builds the int8 layers from the fp32 originals
+            self._draft = [(p, n, getattr(p, n)) for p, n, _ in slots]
+        finally:
+            for p, n, layer in slots:  # the verify layers back, attention function included
+                setattr(p, n, layer)
+            if model.config._attn_implementation != attn:
+                model.set_attn_implementation(attn)
+        self._verify = slots
+        # int8 weights: one byte per fp32 weight (a quarter of their memory), plus per-row scales
+        self.extra_bytes = sum(original_of(layer).weight.numel() + 4 * original_of(layer).out_features
+                               for _, _, layer in self._draft)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Inside: the model runs on the alternative layers."""
+        for p, n, layer in self._draft:
+            setattr(p, n, layer)
+        try:
+            yield
+        finally:
+            for p, n, layer in self._verify:
+                setattr(p, n, layer)

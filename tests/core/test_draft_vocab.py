@@ -1,0 +1,57 @@
+"""Reduced draft vocabularies: the EAGLE-3 maps, the subset LM head, the ranking file's rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from selfspec.core.draft_vocab import DraftVocab, ranking_from_counts
+from selfspec.errors import SelfspecError
+
+
+def test_d2t_and_t2d_follow_eagle3_and_round_trip():
+    dv = DraftVocab([7, 2, 9, 2, 0], vocab_size=12)
+    assert dv.ids.tolist() == [0, 2, 7, 9] and dv.size == 4
+    d2t = dv.d2t()
+    assert (torch.arange(4) + d2t).tolist() == [0, 2, 7, 9] and (d2t >= 0).all()
+    assert dv.t2d().nonzero().flatten().tolist() == [0, 2, 7, 9]
+    assert DraftVocab.from_d2t(d2t, 12).ids.tolist() == dv.ids.tolist()
+    assert dv.to_target(torch.tensor([[3, 0]])).tolist() == [[9, 0]]
+
+
+def test_expand_puts_minus_infinity_outside_and_head_rows_match():
+    torch.manual_seed(0)
+    lm = nn.Linear(8, 12, bias=False)
+    dv = DraftVocab([1, 5, 6], 12)
+    h = torch.randn(2, 8)
+    small = dv.head(lm)(h)
+    assert torch.equal(small, lm(h)[:, [1, 5, 6]])
+    full = dv.expand(small)
+    assert full.shape == (2, 12) and torch.isinf(full[:, [0, 2, 3, 4, 7]]).all()
+    assert torch.equal(full[:, dv.ids], small)
+    q = full.softmax(-1)
+    assert float(q[:, [0, 11]].sum()) == 0.0 and torch.allclose(q.sum(-1), torch.ones(2))
+
+
+def test_from_ranking_always_keeps_required_tokens():
+    dv = DraftVocab.from_ranking([4, 3, 8, 1], 2, vocab_size=10, always=[9, 3])
+    assert dv.ids.tolist() == [3, 4, 9]
+    with pytest.raises(ValueError):
+        DraftVocab([10], 10)
+
+
+def test_ranking_orders_by_counts_then_prior_then_id():
+    counts = torch.tensor([0, 5, 0, 5, 1, 0])
+    assert ranking_from_counts(counts) == [1, 3, 4, 0, 2, 5]  # equal counts: lower id first
+    prior = torch.tensor([0, 0, 2, 0, 0, 1])  # scaled to the own total: adds 7.3 and 3.7
+    assert ranking_from_counts(counts, prior) == [2, 1, 3, 5, 4, 0]
+
+
+def test_missing_ranking_is_a_one_line_error(tiny_dir):
+    import selfspec
+    from selfspec.models.loading import load_model
+
+    t = load_model(str(tiny_dir))
+    with pytest.raises(SelfspecError, match="no draft vocabulary ranking"):
+        selfspec.load(t, "hass", head="random:0", draft_vocab=16, self_test=False)
