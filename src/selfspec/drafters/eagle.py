@@ -205,8 +205,9 @@ class EagleDrafter:
             logits = state.scores(self.lm_head.full(logits), [index] * logits.shape[0])
             lp, tok = torch.topk(torch.log_softmax(logits, dim=-1), min(k, logits.shape[-1]), dim=-1)
             return lp, tok
-        lp, idx = torch.topk(torch.log_softmax(logits, dim=-1), min(k, logits.shape[-1]), dim=-1)
-        return lp, self.lm_head.to_target(idx)
+        # top-k of the raw logits, normalised afterwards: no [T, V] log-softmax is written
+        vals, idx = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)
+        return vals - torch.logsumexp(logits, dim=-1, keepdim=True), self.lm_head.to_target(idx)
 
     @torch.no_grad()
     def catch_up(self, ids: list[int]) -> torch.Tensor:
@@ -239,7 +240,9 @@ class EagleDrafter:
         scores, tokens, parents = [s1], [tok1], [torch.full((k,), -1, dtype=torch.long)]
         f_score, f_tok, f_ids = s1, tok1, torch.arange(k)
         f_feat = h_last[None].expand(k, -1)
-        tmask = torch.eye(k, dtype=torch.bool, device=self.device)
+        eye = torch.eye(k, dtype=torch.bool, device=self.device)
+        level_pos = torch.empty(k, dtype=torch.long, device=self.device)
+        tmask = eye
         size = k
         level_s = 0.0
         for _ in range(cfg.depth):
@@ -250,7 +253,7 @@ class EagleDrafter:
             if priced and level_s > 0 and float(f_score.exp().sum()) * self.profile.t1 < level_s:
                 break
             watch = Stopwatch(self.device) if priced else None
-            out = self._run(f_feat, f_tok, torch.full((k,), position), tmask)
+            out = self._run(f_feat, f_tok, level_pos.fill_(position), tmask)
             position += 1
             depth += 1
             clp, ctok = self._top(out, k, state, depth)  # [k, k]
@@ -263,7 +266,7 @@ class EagleDrafter:
             f_feat, f_tok = out[u], ctok.flatten()[sel]
             f_ids = size + sel
             size += k * k
-            tmask = torch.cat([tmask[u], torch.eye(k, dtype=torch.bool, device=self.device)], dim=1)
+            tmask = torch.cat([tmask[u], eye], dim=1)
             level_s = watch.elapsed() if watch is not None else 0.0
         return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents))
 

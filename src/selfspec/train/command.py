@@ -100,6 +100,9 @@ def _add_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
     p.add_argument("--no-fc-bias", action="store_true",
                    help="train fc without a bias (vLLM's EAGLE fc has none; see selfspec export)")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="reduced draft vocabulary: the N most frequent learned tokens of the training data (plus "
+                        "EOS); the loss's LM head covers only them and the head stores the d2t map (default 0 = full)")
 
 
 def run_head(args: argparse.Namespace) -> int:
@@ -110,13 +113,15 @@ def run_head(args: argparse.Namespace) -> int:
         raise SelfspecError(f"--objective must be {' or '.join(HEAD_METHODS)}, not {args.objective!r}")
     passes = args.passes if args.passes is not None else (1 if args.objective == "eagle" else 3)
     topk_w = args.topk_weight if args.topk_weight is not None else (0.0 if args.objective == "eagle" else 1.0)
+    if args.draft_vocab < 0:
+        raise SelfspecError(f"--draft-vocab must be 0 (the full vocabulary) or a token count, not {args.draft_vocab}")
     if passes < 1 or args.topk < 1 or topk_w < 0 or args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
         raise SelfspecError("train needs --passes >= 1, --topk >= 1, --topk-weight >= 0, --epochs >= 1, --lr > 0 "
                             "and --batch-size >= 1")
     opts = TrainOptions(objective=args.objective, passes=passes, topk=args.topk, topk_weight=topk_w,
                         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=args.noise,
                         seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "",
-                        fc_bias=not args.no_fc_bias)
+                        fc_bias=not args.no_fc_bias, draft_vocab=args.draft_vocab)
     acc, target, data = _start(args)
     from .features import extract_features, read_sequences
     from .pipeline import prepare_examples

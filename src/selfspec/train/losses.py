@@ -41,9 +41,9 @@ class Teacher:
     """Target distribution at the masked positions.
 
     Attributes:
-        probs: ``[M, V]`` q.
+        probs: ``[M, V]`` q (``[M, N]`` over a reduced draft vocabulary).
         top: ``[M, K]`` indices of q's K largest entries.
-        argmax: ``[M]`` the target's greedy next token.
+        argmax: ``[M]`` the target's greedy next token (its subset index, or -1 outside it).
     """
 
     probs: torch.Tensor
@@ -52,11 +52,21 @@ class Teacher:
 
 
 @torch.no_grad()
-def teacher(lm_head: torch.nn.Module, targets: torch.Tensor, k: int) -> Teacher:
-    """``targets``: ``[M, H]`` clean target features at masked positions."""
+def teacher(lm_head: torch.nn.Module, targets: torch.Tensor, k: int, ids: torch.Tensor | None = None) -> Teacher:
+    """``targets``: ``[M, H]`` clean target features at masked positions.
+
+    With ``ids`` (``[N]``, a reduced draft vocabulary) q is the full softmax restricted to those
+    columns (not renormalised: mass outside the subset is what the draft cannot hold), ``top``
+    indexes the subset, and ``argmax`` is the subset index of the target's greedy token, -1
+    where that token lies outside (never counted as agreement)."""
     q = torch.softmax(_wide(lm_head(targets)), dim=-1)
+    am = q.argmax(-1)
+    if ids is not None:
+        where = torch.full((q.shape[-1],), -1, dtype=torch.long, device=q.device)
+        where[ids] = torch.arange(ids.numel(), device=q.device)
+        q, am = q[:, ids], where[am]
     top = torch.topk(q, min(k, q.shape[-1]), dim=-1).indices
-    return Teacher(q, top, q.argmax(-1))
+    return Teacher(q, top, am)
 
 
 def pass_losses(pred: torch.Tensor, targets: torch.Tensor, lm_head: torch.nn.Module, t: Teacher,

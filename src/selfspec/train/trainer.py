@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 
+from ..core.draft_vocab import DraftVocab, ranking_from_counts
 from ..errors import SelfspecError
 from ..heads.eagle import EagleHead, load_head
+from ..models.draft_vocab import always_ids
 from . import loop
 from .features import CachedSequence
 from .hca import HcaModel
@@ -45,6 +47,9 @@ class TrainOptions:
         checkpoint_every: steps between checkpoints.
         init: a head directory to continue from (the paper's ablation protocol), or empty.
         fc_bias: give ``fc`` a bias (EAGLE's default); False for heads that vLLM loads as they are.
+        draft_vocab: N > 0 = a reduced draft vocabulary: the N most frequent learned tokens of
+            the training data (the target's own answers) plus EOS; the losses' LM head covers
+            only those rows (cheaper training), and the head is saved with its ``d2t`` map.
     """
 
     objective: str = "hass"
@@ -66,6 +71,7 @@ class TrainOptions:
     checkpoint_every: int = 200
     init: str = ""
     fc_bias: bool = True
+    draft_vocab: int = 0
 
     @property
     def weights(self) -> LossWeights:
@@ -107,8 +113,12 @@ def collate(seqs: list[CachedSequence], dtype: torch.dtype = torch.float32) -> B
 
 
 def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch,
-                   opts: TrainOptions) -> tuple[torch.Tensor, dict[str, float]]:
-    """Forward all passes; returns the summed loss and per-pass metrics (``acc1``, ``loss1``, ...)."""
+                   opts: TrainOptions, draft_lm: torch.nn.Module | None = None,
+                   vocab: DraftVocab | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Forward all passes; returns the summed loss and per-pass metrics (``acc1``, ``loss1``, ...).
+
+    With a reduced vocabulary (``draft_lm``: the LM head's rows at ``vocab.ids``), the draft's
+    distribution covers only the subset and the teacher's probabilities are restricted to it."""
     param = next(model.parameters())
     device = param.device
     feats = batch.features.to(device=device, dtype=param.dtype)
@@ -119,11 +129,11 @@ def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch,
     preds = model(feats, tok_emb)
     tgt = batch.targets.to(device=device, dtype=param.dtype)[mask]
     w = opts.weights
-    t = teacher(lm_head, tgt, w.k)
+    t = teacher(lm_head, tgt, w.k, None if vocab is None else vocab.ids_on(device))
     total = torch.zeros((), device=device)
     metrics: dict[str, float] = {}
     for j, pred in enumerate(preds, start=1):
-        parts = pass_losses(pred[mask], tgt, lm_head, t, w)
+        parts = pass_losses(pred[mask], tgt, draft_lm if draft_lm is not None else lm_head, t, w)
         total = total + w.beta ** (j - 1) * parts["loss"]
         for k in ("loss", "reg", "cls", "topk", "acc"):
             metrics[f"{k}{j}"] = float(parts[k].detach())
@@ -139,8 +149,10 @@ class HeadObjective:
 
     plot_keys = ("loss", "reg1", "cls1")
 
-    def __init__(self, target: torch.nn.Module, opts: TrainOptions) -> None:
+    def __init__(self, target: torch.nn.Module, opts: TrainOptions, vocab: DraftVocab | None = None) -> None:
         self.target, self.opts, self.name = target, opts, opts.objective
+        self.vocab = vocab
+        self.draft_lm = None if vocab is None else vocab.head(target.get_output_embeddings())
 
     def options(self) -> dict:
         return asdict(self.opts)
@@ -157,7 +169,7 @@ class HeadObjective:
         return collate(seqs)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        return compute_losses(model, self.target, batch, self.opts)
+        return compute_losses(model, self.target, batch, self.opts, self.draft_lm, self.vocab)
 
 
 def evaluate(model: HcaModel, target: torch.nn.Module, seqs: list[CachedSequence], opts: TrainOptions,
@@ -165,7 +177,18 @@ def evaluate(model: HcaModel, target: torch.nn.Module, seqs: list[CachedSequence
     """Token-weighted mean of every metric over ``seqs`` (no noise). ``acc{j}`` is the top-1
     agreement of pass j with the target: with HCA, the acceptance of drafting step j along the
     data (teacher-forced tokens)."""
-    return loop.evaluate(model, HeadObjective(target, opts), seqs, batch_size, opts.seed)
+    return loop.evaluate(model, HeadObjective(target, opts, model.head.draft_vocab), seqs, batch_size, opts.seed)
+
+
+def training_vocab(target: torch.nn.Module, seqs: list[CachedSequence], size: int) -> DraftVocab:
+    """The ``size`` most frequent learned tokens of ``seqs`` (the target's own answers where the
+    data was self-distilled), then lower ids, plus the model's EOS ids."""
+    vocab = int(target.config.vocab_size)
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for s in seqs:
+        ids = s.input_ids[s.loss_mask.bool()]
+        counts += torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=vocab)
+    return DraftVocab.from_ranking(ranking_from_counts(counts), size, vocab, always_ids(target, None))
 
 
 def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, opts: TrainOptions, meta: dict,
@@ -191,6 +214,8 @@ def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, o
     if (head.fc.bias is not None) != opts.fc_bias:
         raise SelfspecError(f"--init head {opts.init} {'has' if head.fc.bias is not None else 'has no'} "
                             "an fc bias; drop or add --no-fc-bias to match it")
+    if opts.draft_vocab > 0 and head.draft_vocab is None:
+        head.set_draft_vocab(training_vocab(target, seqs, opts.draft_vocab))
     head.train()
     method = "eagle2" if opts.objective == "eagle" else "hass"
 
@@ -202,5 +227,5 @@ def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, o
                              batch_size=opts.batch_size, clip=opts.clip, clip_by="value",
                              val_fraction=opts.val_fraction, seed=opts.seed, checkpoint_every=opts.checkpoint_every)
     groups = [{"params": list(head.parameters()), "weight_decay": opts.weight_decay}]
-    return loop.train(HcaModel(head, opts.passes), HeadObjective(target, opts), seqs, out, lopts, asdict(opts),
+    return loop.train(HcaModel(head, opts.passes), HeadObjective(target, opts, head.draft_vocab), seqs, out, lopts, asdict(opts),
                       groups, save, resume=resume, progress=progress, accelerator=acc)
