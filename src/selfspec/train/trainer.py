@@ -227,5 +227,6 @@ def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, o
                              batch_size=opts.batch_size, clip=opts.clip, clip_by="value",
                              val_fraction=opts.val_fraction, seed=opts.seed, checkpoint_every=opts.checkpoint_every)
     groups = [{"params": list(head.parameters()), "weight_decay": opts.weight_decay}]
-    return loop.train(HcaModel(head, opts.passes), HeadObjective(target, opts, head.draft_vocab), seqs, out, lopts, asdict(opts),
+    objective = HeadObjective(target, opts, head.draft_vocab)
+    return loop.train(HcaModel(head, opts.passes), objective, seqs, out, lopts, asdict(opts),
                       groups, save, resume=resume, progress=progress, accelerator=acc)
