@@ -75,3 +75,24 @@ def test_tune_bad_input(tiny_dir, tmp_path, calib, capsys, args, msg):
     assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", *args) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1
+
+
+def test_tune_under_int8_drafts_and_a_reduced_vocab(tiny_dir, tmp_path, calib, capsys):
+    """The search scores drafts as they will run (int8 copy, reduced LM head), stores both in the
+    skip config, and self-spec then drafts that way with output unchanged."""
+    from ..conftest import VOCAB, write_draft_ranking
+
+    target = load_model(str(tiny_dir))
+    write_draft_ranking(target.name, VOCAB, list(range(0, VOCAB, 3)))
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "5", "--draft-kernels", "int8",
+                 "--draft-vocab", "32") == 0
+    cfg = json.loads((tmp_path / "skip.json").read_text())
+    assert cfg["draft_kernels"] == "int8" and cfg["draft_vocab"] == 32
+    g = selfspec.load(target, "self-spec", skip_config=str(tmp_path / "skip.json"), self_test=False)
+    assert g.drafter.switch is not None and g.drafter.lm_head.vocab.size >= 32
+    ar = selfspec.load(target, "ar", self_test=False)
+    p = prompt_ids(5, 9)
+    assert g.generate(p, max_new_tokens=16).token_ids == ar.generate(p, max_new_tokens=16).token_ids
+    capsys.readouterr()
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "5", "--draft-vocab", "-1",
+                 "--fresh") == 2

@@ -11,11 +11,16 @@
   ``c(z)`` from a measured per-sub-layer cost table (:class:`DraftCost`). Its one approximation:
   while drafting, the committed positions' KV comes from the full model, whereas the
   teacher-forced forward computes it with the skipped model (so the proxy is pessimistic).
+
+Both score the draft as it will run: with ``--draft-kernels int8`` the skipped model's linear
+layers are the int8 copy (costs and agreement both), and with ``--draft-vocab N`` its LM head
+covers the reduced vocabulary.
 """
 
 from __future__ import annotations
 
 import statistics
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -25,13 +30,20 @@ from ..core.cost import CostProfile
 from ..core.timing import Stopwatch
 from ..drafters.self_spec import GammaExit, draft_forward
 from ..drafters.skip_config import DraftCost, GammaSettings
+from ..drafters.vocab import DraftLMHead
+from ..kernels.switch import LinearSwitch
 from ..models.loading import LoadedModel
 from ..models.skipping import SkipSet, decoder_layers, skip_sublayers
 
+DraftParts = tuple[DraftLMHead | None, LinearSwitch | None]  # drafters.self_spec.draft_parts
+
 
 @torch.inference_mode()
-def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7) -> DraftCost:
-    """Median one-token forward times with none / all attention / all MLP / all sub-layers skipped."""
+def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7, parts: DraftParts | None = None
+                       ) -> DraftCost:
+    """Median one-token forward times with none / all attention / all MLP / all sub-layers skipped,
+    with the draft's LM head and kernels (``parts``; default: the model's own)."""
+    lm_head, switch = parts or (None, None)
     n = len(decoder_layers(model))
     device = next(model.parameters()).device
     cache = kv_cache.new_cache(model.config)
@@ -44,9 +56,9 @@ def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7
     times: dict[str, list[float]] = {k: [] for k in sets}
     for _ in range(reps):
         for name, skip in sets.items():  # interleaved, so drifts of a shared machine hit all alike
-            with skip_sublayers(model, skip):
+            with skip_sublayers(model, skip), (switch.active() if switch else nullcontext()):
                 with Stopwatch(device) as watch:
-                    draft_forward(model, cache, [1], context)
+                    draft_forward(model, cache, [1], context, lm_head=lm_head)
                 times[name].append(watch.seconds)
             kv_cache.truncate(cache, context)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -68,11 +80,12 @@ class SpeedObjective:
     name = "speed"
 
     def __init__(self, target: LoadedModel, prompts: list[list[int]], new_tokens: int, draft_exit: str,
-                 gamma: GammaSettings) -> None:
+                 gamma: GammaSettings, draft_vocab: int = 0, draft_kernels: str = "same") -> None:
         from ..api import load
 
         self.target, self.prompts, self.new_tokens = target, prompts, new_tokens
         self.draft_exit, self.gamma = draft_exit, gamma
+        self.draft = {"draft_vocab": draft_vocab, "draft_kernels": draft_kernels}
         self._load = load
         self.ar_tps = self._decode_tps(load(target, "ar", self_test=False))
 
@@ -87,7 +100,7 @@ class SpeedObjective:
     def __call__(self, skip: SkipSet) -> Evaluation:
         g = self._load(self.target, "self-spec", self_test=False, skip_attention=skip.attention,
                        skip_mlp=skip.mlp, draft_exit=self.draft_exit, gamma0=self.gamma.gamma0,
-                       alpha=self.gamma.alpha, k=self.gamma.max_draft)
+                       alpha=self.gamma.alpha, k=self.gamma.max_draft, **self.draft)
         tps = self._decode_tps(g)
         return Evaluation(tps, {"tokens_per_s": tps, "speedup": tps / self.ar_tps if self.ar_tps else 0.0})
 
@@ -144,8 +157,9 @@ class ProxyObjective:
 
     def __init__(self, target: LoadedModel, prompts: list[list[int]], new_tokens: int, draft_exit: str,
                  gamma: GammaSettings, profile: CostProfile, draft_cost: DraftCost,
-                 min_confidence: float = 0.3) -> None:
+                 min_confidence: float = 0.3, parts: DraftParts | None = None) -> None:
         self.model = target.model
+        self.lm_head, self.switch = parts or (None, None)
         self.draft_exit, self.gamma, self.profile, self.draft_cost = draft_exit, gamma, profile, draft_cost
         self.min_confidence = min_confidence
         self.device = next(self.model.parameters()).device
@@ -168,14 +182,17 @@ class ProxyObjective:
     def agreement(self, skip: SkipSet) -> list[tuple[list[bool], list[float]]]:
         """Per continuation: agreement flags and confidences of the skipped model."""
         result = []
-        with skip_sublayers(self.model, skip):
+        with skip_sublayers(self.model, skip), (self.switch.active() if self.switch else nullcontext()):
             for c in self.continuations:
                 try:
-                    logits = draft_forward(self.model, c.cache, c.tokens[:-1], c.prompt_len, last_only=False)
+                    logits = draft_forward(self.model, c.cache, c.tokens[:-1], c.prompt_len, last_only=False,
+                                           lm_head=self.lm_head)
                 finally:
                     kv_cache.truncate(c.cache, c.prompt_len)
                 probs = logits.softmax(-1)
                 conf, top = probs.max(-1)
+                if self.lm_head is not None:
+                    top = self.lm_head.to_target(top)
                 result.append(((top == torch.tensor(c.tokens[1:], device=top.device)).tolist(), conf.tolist()))
         return result
 

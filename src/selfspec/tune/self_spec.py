@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.cost import load_or_measure, machine_id
-from ..drafters.self_spec import DRAFT_EXITS
+from ..drafters.self_spec import DRAFT_EXITS, draft_parts
 from ..drafters.skip_config import GammaSettings, SkipConfig, config_hash, user_config_path
 from ..errors import SelfspecError
+from ..kernels.switch import DRAFT_KERNELS
 from ..models.loading import LoadedModel
 from ..models.skipping import SkipSet, decoder_layers
 from ..paths import model_key, selfspec_home
@@ -47,6 +48,8 @@ class TuneOptions:
         out: skip config path (default ``$SELFSPEC_HOME/skip_configs/<model>.json``, which
             ``selfspec.load(..., method="self-spec")`` picks up).
         gamma: adaptive-exit constants written into the config.
+        draft_vocab: reduced draft vocabulary size the skip set is searched (and stored) with (0: full).
+        draft_kernels: kernels of the draft passes searched (and stored) with (``int8``: quantised copy).
     """
 
     objective: str = "speed"
@@ -63,6 +66,8 @@ class TuneOptions:
     fresh: bool = False
     out: str = ""
     gamma: GammaSettings = GammaSettings()
+    draft_vocab: int = 0
+    draft_kernels: str = "same"
 
     def check(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -71,6 +76,8 @@ class TuneOptions:
             raise SelfspecError(f"unknown draft exit '{self.draft_exit}'; choose one of: {', '.join(DRAFT_EXITS)}")
         if self.trials < 1 or self.num_prompts < 1 or self.new_tokens < 2 or self.rerank < 0:
             raise SelfspecError("--trials and --calib-prompts must be >= 1, --calib-tokens >= 2, --rerank >= 0")
+        if self.draft_vocab < 0 or self.draft_kernels not in DRAFT_KERNELS:
+            raise SelfspecError(f"--draft-vocab must be >= 0 and --draft-kernels one of {', '.join(DRAFT_KERNELS)}")
         if self.time_budget is not None and self.time_budget <= 0:
             raise SelfspecError("--time-budget must be a positive number of seconds")
 
@@ -100,16 +107,20 @@ def tune_self_spec(target: LoadedModel, opts: TuneOptions, progress: bool = True
     backend = target.backend
     settings = {"model": model_key(target.name), "config_hash": config_hash(target.model), "backend": backend,
                 "objective": opts.objective, "prompts": ids, "new_tokens": opts.new_tokens,
-                "draft_exit": opts.draft_exit, "machine": machine_id()}
+                "draft_exit": opts.draft_exit, "machine": machine_id(), "draft_vocab": opts.draft_vocab,
+                "draft_kernels": opts.draft_kernels}
     state = Path(opts.state_dir) if opts.state_dir else (
         selfspec_home() / "tune" / f"{model_key(target.name)}-{opts.objective}-{backend}")
     if opts.objective == "speed":
-        objective = SpeedObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma)
+        objective = SpeedObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma, opts.draft_vocab,
+                                   opts.draft_kernels)
         extra = {"ar_tokens_per_s": objective.ar_tps}
     else:
         profile = load_or_measure(target.model, target.name, backend)
-        cost = measure_draft_cost(target.model)
-        objective = ProxyObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma, profile, cost)
+        parts = draft_parts(target, opts.draft_vocab, opts.draft_kernels)
+        cost = measure_draft_cost(target.model, parts=parts)
+        objective = ProxyObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma, profile, cost,
+                                   parts=parts)
         extra = {"draft_cost": cost.to_json()}
     result = search(objective, num_layers, state, settings, opts.trials, opts.time_budget, opts.seed, opts.fresh,
                     progress)
@@ -121,7 +132,8 @@ def tune_self_spec(target: LoadedModel, opts: TuneOptions, progress: bool = True
                    "calibration_prompts": ids, "new_tokens": opts.new_tokens, "draft_exit": opts.draft_exit,
                    "skip_ratio": best.ratio(num_layers), "date": datetime.date.today().isoformat(), **extra}
     cfg = SkipConfig(model=model_key(target.name), config_hash=config_hash(target.model), num_layers=num_layers,
-                     skip_attention=best.attention, skip_mlp=best.mlp, gamma=opts.gamma, search=search_meta)
+                     skip_attention=best.attention, skip_mlp=best.mlp, gamma=opts.gamma, search=search_meta,
+                     draft_vocab=opts.draft_vocab, draft_kernels=opts.draft_kernels)
     path = cfg.save(opts.out or user_config_path(target.name))
     return cfg, path
 
