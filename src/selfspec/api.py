@@ -130,7 +130,11 @@ class SpeculativeGenerator:
             sampling="greedy" if state.warper.greedy else state.cfg.sampling,
         )
 
-    def _steps(self, prompt, chat: bool, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:
+    def steps(self, prompt, chat: bool = True, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:
+        """The decode loop, one item per verify step: ``(state, ids committed at it)``. The state is
+        live (``state.stats``, ``state.done``, ``state.finish_reason``); stop iterating to cancel
+        the request (nothing is left behind). ``gen_kwargs`` are :class:`GenerationConfig` fields;
+        ``last_result`` is set once the loop ends."""
         cfg = GenerationConfig(**gen_kwargs)
         if self.target.backend != self.kernels:
             self.target.use_kernels(self.kernels, keep=True)
@@ -150,7 +154,7 @@ class SpeculativeGenerator:
         ids (used as is). Greedy when ``temperature == 0``; otherwise ``sampling`` says how (see
         :class:`~selfspec.config.GenerationConfig`): with the default ``coupled``, the same seed
         gives the same text for every method. ``seed=None`` draws one (``result.seed``)."""
-        for _ in self._steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        for _ in self.steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                              top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos, sampling=sampling,
                              include_stop=include_stop):
             pass
@@ -178,7 +182,7 @@ class SpeculativeGenerator:
         detok = IncrementalDetokenizer(self.tokenizer)
         stops = () if include_stop else tuple(stop)
         text = StopTextFilter(stops)
-        for state, new in self._steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature,
+        for state, new in self.steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature,
                                       top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos,
                                       sampling=sampling, include_stop=include_stop):
             piece = text.push(detok.push(new))

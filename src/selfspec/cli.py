@@ -1,4 +1,4 @@
-"""``selfspec`` command line: generate | demo | bench | profile | models.
+"""``selfspec`` command line: generate | demo | serve | bench | profile | models.
 
 Every user error prints one line ``selfspec: error: ...`` and exits with code 2; Ctrl-C prints
 ``selfspec: interrupted`` and exits with code 130.
@@ -364,7 +364,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     opts = TuneOptions(objective=args.objective, trials=args.trials, time_budget=args.time_budget,
                        prompts=args.prompts or "", category=args.calib_category or "", num_prompts=args.calib_prompts,
                        new_tokens=args.calib_tokens, draft_exit=args.draft_exit, rerank=args.rerank, seed=args.seed,
-                       state_dir=args.state or "", fresh=args.fresh, out=args.out or "")
+                       state_dir=args.state or "", fresh=args.fresh, out=args.out or "",
+                       draft_vocab=args.draft_vocab, draft_kernels=args.draft_kernels)
     opts.check()
     if args.threads:
         import torch
@@ -383,14 +384,37 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write a trained head in the EAGLE checkpoint layout (vLLM / SGLang EAGLE drafts)."""
-    from .heads.export import export_eagle
+    """Write a trained head as an EAGLE-1/2 draft that vLLM, SGLang or SafeAILab EAGLE loads."""
+    from pathlib import Path
+
+    from .heads import find_head_dir
+    from .heads.export import default_dtype, export_head, serve_hint
     from .models.loading import load_model
 
     target = load_model(args.model, "cpu", "float32", args.trust_remote_code)
-    out = export_eagle(args.head_dir, target.model, args.out, args.with_embeddings)
-    print(f"EAGLE-layout head: {out} (model.safetensors, config.json); tensor names in docs/methods/hass.md")
+    head = args.head
+    if head in ("eagle2", "hass") and not Path(head).is_dir():  # the model's installed head
+        found = find_head_dir(target.name, head)
+        if found is None:
+            raise SelfspecError(f"no trained {head} head for model '{target.name}': train one with `selfspec train "
+                                f"hass --model {target.name} --out DIR` and pass DIR")
+        head = str(found)
+    dtype = args.dtype or default_dtype(target.path)
+    res = export_head(head, target.model, args.engine, args.out, dtype, args.with_embeddings)
+    print(f"{args.engine} EAGLE draft: {res.out} ({', '.join(res.files)}; {res.dtype})")
+    for note in res.notes:
+        print(f"note: {note}")
+    for line in serve_hint(res, str(target.path or target.name), target.path):
+        print(line)
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """An OpenAI-compatible HTTP server over the method (docs/serving.md)."""
+    from .serve.command import run_serve
+
+    _setup(args)
+    return run_serve(args, lambda: _load(args, args.method))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -450,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--draft-exit", default="cost", choices=["cost", "gamma"], help="exit rule to tune for")
     t.add_argument("--rerank", type=int, default=0,
                    help="proxy: measure the speed of the best N proxy trials and keep the fastest")
+    t.add_argument("--draft-kernels", default="same", choices=["same", "int8"],
+                   help="kernels of the draft passes to search under (int8: a quantised copy of the weights, +25%% "
+                        "memory; verification stays exact); stored in the skip config")
+    t.add_argument("--draft-vocab", type=int, default=0,
+                   help="reduced draft vocabulary size to search under (0 = full); stored in the skip config")
     t.add_argument("--seed", type=seed_arg, default=0, help="sampler seed")
     t.add_argument("--state", default=None, help="search state directory (resumed when it exists)")
     t.add_argument("--fresh", action="store_true", help="start over instead of resuming the search state")
@@ -467,14 +496,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(sub)  # selfspec train OBJECTIVE: each objective's options (train/command.py)
 
-    ex = sub.add_parser("export", help="export a trained draft head to the EAGLE layout (vLLM / SGLang)")
-    ex.add_argument("head_dir", help="a head trained by selfspec train hass")
-    ex.add_argument("--model", required=True, help="its target model (for the shared embedding and checks)")
+    ex = sub.add_parser("export", help="export a trained draft head as the EAGLE draft vLLM, SGLang or EAGLE loads")
+    ex.add_argument("head", metavar="HEAD",
+                    help="a head directory (selfspec train hass), or eagle2 / hass: the model's installed head")
+    ex.add_argument("--model", required=True, help="its target model (checks, and the embedding for EAGLE)")
+    ex.add_argument("--engine", required=True, choices=["vllm", "sglang", "eagle"],
+                    help="the loader to write for: vllm, sglang or eagle (SafeAILab EAGLE's cnets1.py)")
     ex.add_argument("--out", required=True, help="output directory")
+    ex.add_argument("--dtype", choices=["fp16", "bf16"], default=None,
+                    help="serving dtype of the weights (default: the target checkpoint's if bf16, else fp16)")
     ex.add_argument("--with-embeddings", action="store_true",
-                    help="also write embed_tokens.weight (engines that do not share the target's)")
+                    help="also write embed_tokens.weight (--engine eagle only; vLLM and SGLang use the target's)")
     ex.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     ex.set_defaults(func=cmd_export)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible server: /v1/chat/completions, /v1/completions, /metrics")
+    from .serve.command import add_serve_args
+
+    _add_model_args(sv)
+    add_serve_args(sv)
+    sv.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="measure methods and peers against ar on a prompt set")
     from .bench.runner import add_bench_args

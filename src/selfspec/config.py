@@ -29,7 +29,7 @@ class GenerationConfig:
 
     Attributes:
         max_new_tokens: generated token ids at most (>= 1).
-        temperature: 0 for greedy, > 0 to sample.
+        temperature: 0 for greedy, > 0 to sample (below 1e-5: greedy, see ``core.sampling.Warper``).
         top_k: keep the k most likely tokens when sampling; 0 = off.
         top_p: nucleus mass in (0, 1]; 1 = off.
         seed: seed of the sampler (>= 0); None draws a fresh one, which the result reports so

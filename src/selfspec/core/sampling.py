@@ -30,11 +30,16 @@ import torch
 _MASK64 = (1 << 64) - 1
 
 
+GREEDY_BELOW = 1e-5  # temperatures below this decode greedily (see Warper)
+
+
 @dataclass(frozen=True)
 class Warper:
     """Temperature, then top-k, then top-p (nucleus), as in ``transformers`` sampling.
 
-    ``temperature == 0`` means greedy decoding; :meth:`probs` must not be called then.
+    ``temperature == 0`` means greedy decoding; :meth:`probs` must not be called then. So does
+    any temperature below :data:`GREEDY_BELOW` (as in vLLM): dividing logits by it overflows fp32
+    and would turn the distribution into NaNs, while its limit is the argmax anyway.
     """
 
     temperature: float = 0.0
@@ -43,7 +48,7 @@ class Warper:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped probabilities, fp32.

@@ -1,0 +1,268 @@
+"""The decode worker: one request at a time, off the event loop, behind a bounded queue.
+
+:class:`~selfspec.api.SpeculativeGenerator` holds one KV cache per request and is not
+thread-safe, so one worker thread decodes every request in turn; the event loop only validates,
+queues and relays. The worker checks each request's cancel flag and deadline after every decode
+step: a client that went away stops its request at the next step, and a request past the time
+limit ends there with ``finish_reason`` ``length``. Events go back to the request's handler on
+its event loop: ``("started",)``, ``("delta", text)`` (streams), ``("done", Outcome)`` or
+``("error", ApiError)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from ..decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, text_before_stop
+from ..errors import SelfspecError
+from .metrics import Metrics
+from .protocol import ApiError, Outcome, Request
+
+log = logging.getLogger("selfspec.serve")
+
+
+class Job:
+    """One queued request: its prompt ids, where its events go, and its cancel flag.
+
+    ``state``: ``waiting`` (queued), ``running``, ``dropped`` (cancelled or drained while
+    queued: the worker skips it) or ``done``; changed under the engine's lock.
+    """
+
+    def __init__(self, req: Request, ids: list[int], max_new_tokens: int, arrived: float,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.req = req
+        self.ids = ids
+        self.max_new_tokens = max_new_tokens
+        self.arrived = arrived
+        self.loop = loop or asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.state = "waiting"
+
+    def push(self, *event) -> None:
+        """Hand an event to the request's handler (from any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+class Engine:
+    """The generator, its queue and its worker thread.
+
+    Attributes:
+        max_queue: requests that may wait (besides the one decoding); beyond it, 429.
+        request_timeout: seconds a request may decode; it then ends with ``length``.
+        step_hook: called after every decode step (tests slow decoding down with it).
+    """
+
+    def __init__(self, metrics: Metrics | None = None, max_queue: int = 16, request_timeout: float = 300.0) -> None:
+        self.metrics = metrics or Metrics()
+        self.max_queue = max_queue
+        self.request_timeout = request_timeout
+        self.step_hook: Callable[[], None] | None = None
+        self.generator = None
+        self.draining = False
+        self._encoder = None  # a copy of the tokenizer, for the event loop's threads (encoding is not thread-safe)
+        self._encode_lock = threading.Lock()
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running: Job | None = None
+        self._mean_s = 1.0  # moving mean of request seconds, for Retry-After
+        self._thread = threading.Thread(target=self._work, name="selfspec-decode", daemon=True)
+        self._thread.start()
+
+    # -- the model ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.generator is not None
+
+    def attach(self, generator) -> None:
+        """Start serving ``generator`` (a :class:`~selfspec.api.SpeculativeGenerator`)."""
+        tok = generator.tokenizer
+        try:
+            self._encoder = copy.deepcopy(tok) if tok is not None else None
+        except Exception:  # an uncopyable tokenizer: share it, one encoding at a time  # noqa: BLE001
+            self._encoder = tok
+        self.generator = generator
+        self.metrics.set("model_ready", 1)
+
+    @property
+    def context_length(self) -> int:
+        return self.generator.target.context_length
+
+    def encode(self, req: Request) -> list[int]:
+        """The prompt's token ids (chat: through the chat template), as ``selfspec generate``
+        encodes them. Blocking: run it in a thread."""
+        g = self.generator
+        if self._encoder is None:
+            raise ApiError(400, "this model has no tokenizer, which the server needs for text", code="no_tokenizer")
+        if req.chat and not getattr(self._encoder, "chat_template", None):
+            raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", "messages",
+                           "no_chat_template")
+        param = "messages" if req.chat else "prompt"
+        with self._encode_lock:
+            try:
+                return encode_prompt(self._encoder, req.prompt, req.chat, g.target.model.config.vocab_size)
+            except SelfspecError as e:
+                raise ApiError(400, str(e), param) from None
+            except Exception as e:  # noqa: BLE001 - the chat template refused the messages (a jinja error)
+                raise ApiError(400, f"the model's chat template refused the messages: {e}", param) from None
+
+    # -- the queue ---------------------------------------------------------------------------
+    def queue_sizes(self) -> tuple[int, int]:
+        """(waiting, running)."""
+        with self._lock:
+            return self._waiting, int(self._running is not None)
+
+    def _gauges(self) -> None:  # under self._lock
+        self.metrics.set("num_requests_waiting", self._waiting)
+        self.metrics.set("num_requests_running", int(self._running is not None))
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``, or refuse it: 503 while draining, 429 (with Retry-After) when full."""
+        with self._lock:
+            if self.draining:
+                raise ApiError(503, "the server is shutting down; retry later", code="shutting_down")
+            if self._waiting >= self.max_queue:
+                retry = math.ceil(min(60.0, max(1.0, self._mean_s * (self._waiting + 1))))
+                raise ApiError(429, f"the server is busy: {self._waiting} requests are waiting for the one decoder "
+                                    f"(queue size {self.max_queue}); retry after {retry} s", code="rate_limit_exceeded",
+                               type="rate_limit_error", headers={"Retry-After": str(retry)})
+            self._waiting += 1
+            self._gauges()
+            self._queue.put(job)
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: drop the job if queued, else stop it at the next decode step."""
+        job.cancelled.set()
+        with self._lock:
+            if job.state == "waiting":
+                job.state = "dropped"
+                self._waiting -= 1
+                self._gauges()
+
+    def drain(self) -> None:
+        """Refuse new requests and answer the queued ones 503; the one decoding finishes."""
+        dropped = []
+        with self._lock:
+            self.draining = True
+            while True:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._queue.put(None)
+                    break
+                if job.state == "waiting":
+                    job.state = "dropped"
+                    self._waiting -= 1
+                    dropped.append(job)
+            self._gauges()
+        for job in dropped:
+            job.push("error", ApiError(503, "the server is shutting down; retry later", code="shutting_down"))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the worker after the request it is decoding."""
+        self.drain()
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    # -- the worker --------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            with self._lock:
+                if job.state != "waiting":  # cancelled or drained while it waited
+                    continue
+                job.state = "running"
+                self._waiting -= 1
+                self._running = job
+                self._gauges()
+            t0 = time.perf_counter()
+            try:
+                self._decode(job)
+            except ApiError as e:
+                job.push("error", e)
+            except SelfspecError as e:
+                job.push("error", ApiError(400, str(e)))
+            except Exception as e:  # noqa: BLE001 - logged; the client gets a clean 500
+                log.exception("decoding request %s failed", job.req.id)
+                job.push("error", ApiError(500, f"decoding failed ({type(e).__name__}); see the server log",
+                                           code="internal_error"))
+            finally:
+                with self._lock:
+                    job.state = "done"
+                    self._running = None
+                    self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
+                    self._gauges()
+
+    def _decode(self, job: Job) -> None:
+        g, m, req = self.generator, self.metrics, job.req
+        job.push("started")
+        deadline = time.perf_counter() + self.request_timeout
+        detok = IncrementalDetokenizer(g.tokenizer) if req.stream else None
+        text = StopTextFilter(req.stop)
+        m.inc("prompt_tokens", len(job.ids))
+        # the public decode loop (SpeculativeGenerator.steps), with the live state for the per-step metrics
+        steps = g.steps(job.ids, False, **req.gen_kwargs(job.max_new_tokens))
+        state, first, accepted, timed_out = None, None, [], False
+        try:
+            for state, new in steps:
+                if self.step_hook is not None:
+                    self.step_hook()
+                st = state.stats
+                now = [a - (accepted[i] if i < len(accepted) else 0) for i, a in enumerate(st.accepted_by_depth)]
+                accepted = list(st.accepted_by_depth)
+                m.record_step(st.drafted_per_step[-1] if st.drafted_per_step else 0, now, len(new))
+                t = time.perf_counter()
+                if new and first is None:
+                    first = t
+                    m.observe("time_to_first_token_seconds", t - job.arrived)
+                if detok is not None:
+                    piece = text.push(detok.push(new))
+                    if state.done:
+                        piece += text.flush(stopped=state.finish_reason == "stop")
+                    if piece:
+                        job.push("delta", piece)
+                if job.cancelled.is_set():
+                    return  # the client is gone: nothing to answer
+                if not state.done and t > deadline:
+                    timed_out = True
+                    log.warning("request %s reached the time limit (%.0f s): ending it with finish_reason length",
+                                req.id, self.request_timeout)
+                    if detok is not None:
+                        piece = text.flush(stopped=False)
+                        if piece:
+                            job.push("delta", piece)
+                    break
+        finally:
+            steps.close()
+        if state is None:
+            raise ApiError(500, "decoding produced nothing", code="internal_error")
+        gen = state.generated
+        finish = "length" if timed_out or state.finish_reason == "length" else "stop"
+        full = ""
+        if detok is None and g.tokenizer is not None:  # as GenerationResult.text
+            full = g.tokenizer.decode(gen, skip_special_tokens=True)
+            if state.finish_reason == "stop":
+                full = text_before_stop(full, req.stop)
+        end = time.perf_counter()
+        if first is not None and len(gen) > 1:
+            m.observe("time_per_output_token_seconds", (end - first) / (len(gen) - 1))
+        m.observe("e2e_request_latency_seconds", end - job.arrived)
+        m.inc("request_success", finished_reason=finish)
+        job.push("done", Outcome(text=full, finish_reason=finish, prompt_tokens=len(job.ids),
+                                 completion_tokens=len(gen), steps=state.stats.steps, method=g.method,
+                                 lossless=g.lossless))
