@@ -3,7 +3,8 @@
 For each drafter and N (0 = the full vocabulary) the script decodes the same prompts greedily
 with a fixed draft shape, so acceptance is comparable across N (no cost-aware back-off):
 ``hass``/``eagle2`` with a fixed 24-node tree, ``self-spec`` with k = 4 drafts and the shipped skip
-set (``self-spec-int8``: the same with int8 draft passes). It records tau (tokens per verify
+set (``self-spec-int8``: the same with int8 draft passes; ``self-spec-int8-noskip``: the whole
+model in int8 as the draft). It records tau (tokens per verify
 step), acceptance by depth, the draft seconds per drafted step and the tokens/s, checks every
 output against ``ar``, and draws ``acceptance_vs_vocab.png``. Usage::
 
@@ -27,6 +28,9 @@ DRAFTERS = {
     "eagle2": ("eagle2", dict(total_tokens=24, top_k=8, depth=5, min_prob=0.0)),
     "self-spec": ("self-spec", dict(k=4, auto_k=False)),
     "self-spec-int8": ("self-spec", dict(k=4, auto_k=False, draft_kernels="int8")),
+    # the whole model, int8, as the draft: no layer skipped
+    "self-spec-int8-noskip": ("self-spec", dict(k=4, auto_k=False, draft_kernels="int8", skip_attention=(),
+                                                skip_mlp=())),
 }
 
 

@@ -387,13 +387,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Write a trained head as an EAGLE-1/2 draft that vLLM, SGLang or SafeAILab EAGLE loads."""
     from pathlib import Path
 
+    from .drafters.eagle import EAGLE2, HASS
     from .heads import find_head_dir
     from .heads.export import default_dtype, export_head, serve_hint
     from .models.loading import load_model
 
     target = load_model(args.model, "cpu", "float32", args.trust_remote_code)
     head = args.head
-    if head in ("eagle2", "hass") and not Path(head).is_dir():  # the model's installed head
+    if head in (EAGLE2.name, HASS.name) and not Path(head).is_dir():  # the model's installed head
         found = find_head_dir(target.name, head)
         if found is None:
             raise SelfspecError(f"no trained {head} head for model '{target.name}': train one with `selfspec train "

@@ -513,3 +513,319 @@ def test_real_smollm2_installed_head(engine, tmp_path, capsys):
         assert "shard index" in out  # the bundled SmolLM2 is one file: the note says how to serve it
     with safe_open(str(tmp_path / engine / "model.safetensors"), "pt") as f:
         assert len(list(f.keys())) == len(tensors)
+
+
+# -- EAGLE-3 heads (`selfspec train hass --arch eagle3`): vLLM and SGLang `llama_eagle3.py` -----------
+#
+# Rules read from the engines' code (never imported, never copied):
+# vLLM (``--speculative-config '{"method": "eagle3", ...}'``)
+#   - ``vllm/model_executor/models/registry.py``: ``LlamaForCausalLMEagle3`` and ``Eagle3LlamaForCausalLM``
+#     -> ``llama_eagle3.Eagle3LlamaForCausalLM``; ``vllm/transformers_utils/configs/eagle.py`` keeps an
+#     architecture that starts or ends with ``Eagle3`` (else prefixes ``Eagle3``).
+#   - ``vllm/model_executor/models/llama_eagle3.py``: ``load_weights`` renames ``midlayer.`` to ``layers.0.``,
+#     prefixes ``model.`` to names without ``lm_head``, renames ``d2t`` to ``draft_id_to_target_id`` (int64
+#     [draft_vocab_size]) and skips ``t2d``; an unknown name is a ``params_dict`` KeyError; ``embed_tokens``
+#     is loaded only when shipped. ``LlamaModel``: ``fc = ReplicatedLinear(3 * target_hidden_size (else
+#     3 * hidden_size), H, bias=False)`` when ``eagle_config.use_aux_hidden_state`` (default true); layer 0's
+#     ``qkv_proj`` takes 2H (bias ``attention_bias``), ``o_proj`` bias ``attention_bias or bias``, MLP bias
+#     ``mlp_bias``; ``input_layernorm`` on the embeddings, ``hidden_norm`` on the hidden state, residual =
+#     the hidden state before ``hidden_norm`` unless ``norm_before_residual``; final ``norm``. The LM head
+#     is ``[draft_vocab_size (default vocab_size), H]``; ``compute_logits`` scatters it to target ids
+#     ``arange + d2t`` (-inf elsewhere). A ``layer_types`` list would be indexed with the target's layer count.
+#   - aux layers: ``get_eagle3_aux_layers_from_config`` (``v1/worker/gpu/spec_decode/eagle/eagle3_utils.py``)
+#     reads a top-level ``eagle_aux_hidden_state_layer_ids``, else the target model's default ``(2, L // 2,
+#     L - 3)``; ``llama.py`` ``LlamaModel.forward`` records ``hidden_states + residual`` *before* layer idx
+#     for idx in that set: the input of layer idx, ``transformers``' ``hidden_states[idx]``.
+# SGLang (``--speculative-algorithm EAGLE3``)
+#   - ``python/sglang/srt/models/llama_eagle3.py`` ``LlamaForCausalLMEagle3`` (``EntryClass``): ``fc =
+#     nn.Linear(3 * target_hidden_size (else hidden_size), H, bias=getattr(config, "bias", False))``;
+#     ``midlayer``: ``llama.py`` ``LlamaDecoderLayer`` with ``qkv_proj`` over 2H without bias, ``o_proj`` bias
+#     ``attention_bias or bias``, MLP without bias, plus ``hidden_norm``; ``norm``; ``lm_head`` ``[draft_vocab_size,
+#     H]`` unless ``tie_word_embeddings`` (then the embedding), the target's when ``draft_vocab_size`` is None.
+#     ``load_weights``: a name is looked up as is or under ``model.``, others are skipped silently (so a
+#     missing tensor keeps its random init); ``d2t`` gives ``hot_token_id = d2t + arange``; ``t2d`` skipped.
+#     ``set_embed`` takes the target's embedding. RoPE ``getattr(config, "rope_theta", 10000)``,
+#     ``head_dim = getattr(config, "head_dim", H // heads)``.
+#   - aux layers: the target's ``set_eagle3_layers_to_capture`` (``llama.py``, ``qwen2.py``, ...):
+#     ``eagle_config.eagle_aux_hidden_state_layer_ids`` plus one (ids name layer outputs; SpecForge writes the
+#     same convention, default ``[1, L // 2 - 1, L - 4]``), else ``[2, L // 2, L - 3]``; captured at the input
+#     of that layer.
+
+from selfspec.core.draft_vocab import DraftVocab  # noqa: E402
+from selfspec.heads.eagle3 import Eagle3Head, default_feature_layers  # noqa: E402
+from selfspec.heads.export import import_eagle3  # noqa: E402
+
+AUX = "eagle_aux_hidden_state_layer_ids"
+N_LAYERS = 6
+
+
+@dataclass
+class Eagle3Draft:
+    """What an engine builds from an exported EAGLE-3 ``config.json``.
+
+    Attributes:
+        cls: the class it instantiates.
+        params: checkpoint name -> shape of every tensor it fills from the checkpoint.
+        ignored: checkpoint names its loader skips.
+        from_target: tensors it takes from the target.
+        layers: the target ``hidden_states`` indices it fuses, low to high.
+        rope_theta / eps / o_bias: as :class:`DraftModel`.
+    """
+
+    cls: str
+    params: dict[str, tuple] = field(default_factory=dict)
+    ignored: set[str] = field(default_factory=set)
+    from_target: dict[str, tuple] = field(default_factory=dict)
+    layers: tuple[int, ...] = ()
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+    o_bias: bool = False
+
+
+def _midlayer(h: int, heads: int, kv: int, hd: int, inter: int, qkv: bool, o: bool, mlp: bool) -> dict[str, tuple]:
+    p = _layer("midlayer.", h, heads, kv, hd, inter, qkv, o, mlp, True)
+    for n in ("q", "k", "v"):  # attention over [embedding; hidden]
+        key = f"midlayer.self_attn.{n}_proj.weight"
+        p[key] = (p[key][0], 2 * h)
+    p["midlayer.hidden_norm.weight"] = (h,)
+    return p
+
+
+def vllm_eagle3_draft(cfg: dict, target_layers: int) -> Eagle3Draft:
+    """vLLM ``llama_eagle3.py`` / ``registry.py`` / ``configs/eagle.py`` / ``eagle3_utils.py`` / ``llama.py``."""
+    archs = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in cfg["architectures"]]
+    assert archs[0] in {"Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3"}, f"vLLM has no EAGLE-3 model {archs}"
+    assert not cfg.get("layer_types"), "layer_types is indexed with the target's layer count"
+    assert not cfg.get("norm_before_residual"), "the residual is the hidden state before hidden_norm"
+    h, heads, kv, inter = _dims(cfg)
+    hd = cfg.get("head_dim") or h // heads
+    o_bias = bool(cfg.get("attention_bias", False) or cfg.get("bias", False))
+    n = cfg.get("draft_vocab_size") or cfg["vocab_size"]
+    m = Eagle3Draft(archs[0], ignored={"t2d"}, o_bias=o_bias, eps=cfg["rms_norm_eps"])
+    if (cfg.get("eagle_config") or {}).get("use_aux_hidden_state", True):
+        m.params["fc.weight"] = (h, 3 * (cfg.get("target_hidden_size") or h))
+    m.params |= _midlayer(h, heads, kv, hd, inter, bool(cfg.get("attention_bias")), o_bias, bool(cfg.get("mlp_bias")))
+    m.params |= {"norm.weight": (h,), "lm_head.weight": (n, h), "d2t": (n,)}
+    m.from_target = {"embed_tokens.weight": (cfg["vocab_size"], h)}  # shared unless shipped
+    ids = cfg.get(AUX)
+    m.layers = tuple(ids) if ids else (2, target_layers // 2, target_layers - 3)
+    params = cfg.get("rope_parameters") or {}
+    m.rope_theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    return m
+
+
+def sglang_eagle3_draft(cfg: dict, target_layers: int) -> Eagle3Draft:
+    """SGLang ``llama_eagle3.py`` / ``llama.py`` (draft layer and the target's layer capture)."""
+    cls = (cfg.get("architectures") or [None])[0]
+    assert cls == "LlamaForCausalLMEagle3", f"SGLang has no EAGLE-3 model {cls}"
+    assert cfg.get("draft_vocab_size"), "without draft_vocab_size the draft takes the target's LM head"
+    h, heads, kv, inter = _dims(cfg)
+    o_bias = bool(cfg.get("attention_bias", False) or cfg.get("bias", False))
+    m = Eagle3Draft(cls, ignored={"t2d"}, o_bias=o_bias, rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                    eps=cfg["rms_norm_eps"])
+    m.params = {"fc.weight": (h, 3 * (cfg.get("target_hidden_size") or h))}
+    if cfg.get("bias", False):
+        m.params["fc.bias"] = (h,)
+    m.params |= _midlayer(h, heads, kv, cfg.get("head_dim", h // heads), inter, False, o_bias, False)
+    m.params |= {"norm.weight": (h,), "d2t": (cfg["draft_vocab_size"],)}
+    if cfg.get("tie_word_embeddings"):
+        m.from_target["lm_head.weight"] = (cfg["vocab_size"], h)  # the (target's) embedding
+    else:
+        m.params["lm_head.weight"] = (cfg["draft_vocab_size"], h)
+    m.from_target["embed_tokens.weight"] = (cfg["vocab_size"], h)  # set_embed
+    ids = (cfg.get("eagle_config") or {}).get(AUX)
+    m.layers = tuple(i + 1 for i in ids) if ids else (2, target_layers // 2, target_layers - 3)
+    return m
+
+
+EAGLE3_DRAFTS = {"vllm": vllm_eagle3_draft, "sglang": sglang_eagle3_draft}
+
+
+def strict_load3(m: Eagle3Draft, shapes: dict[str, tuple]) -> tuple[list, list, list]:
+    known = m.params | m.from_target
+    missing = sorted(set(m.params) - set(shapes))
+    unexpected = sorted(set(shapes) - set(known) - m.ignored)
+    mismatched = sorted(k for k in set(shapes) & set(known) if tuple(shapes[k]) != tuple(known[k]))
+    return missing, unexpected, mismatched
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w
+
+
+def engine_forward3(m: Eagle3Draft, cfg: dict, t: dict[str, torch.Tensor], emb: torch.Tensor, aux: torch.Tensor,
+                    vocab_size: int) -> torch.Tensor:
+    """One draft step over T positions as the engine computes it, float64: ``[T, 3·H_t]`` fused
+    features and ``[T, H]`` embeddings -> ``[T, V]`` logits over the target vocabulary (-inf outside
+    the draft vocabulary)."""
+    d2t = t["d2t"].long()
+    t = {k: v.double() for k, v in t.items() if v.is_floating_point()}
+    h_, heads, kv, _ = _dims(cfg)
+    hd = t["midlayer.self_attn.q_proj.weight"].shape[0] // heads
+    lin = lambda x, n, b=False: x @ t[f"{n}.weight"].T + (t[f"{n}.bias"] if b else 0)  # noqa: E731
+    hid = lin(aux, "fc", "fc.bias" in t)
+    x = torch.cat([_rms(emb, t["midlayer.input_layernorm.weight"], m.eps),
+                   _rms(hid, t["midlayer.hidden_norm.weight"], m.eps)], -1)
+    a = "midlayer.self_attn."
+    q = _rope(lin(x, a + "q_proj").view(-1, heads, hd), m.rope_theta)
+    k = _rope(lin(x, a + "k_proj").view(-1, kv, hd), m.rope_theta).repeat_interleave(heads // kv, 1)
+    v = lin(x, a + "v_proj").view(-1, kv, hd).repeat_interleave(heads // kv, 1)
+    s = torch.einsum("qhd,khd->hqk", q, k) / hd ** 0.5
+    s = s.masked_fill(~torch.ones(len(x), len(x), dtype=torch.bool).tril(), float("-inf"))
+    r = hid + lin(torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(len(x), -1), a + "o_proj", m.o_bias)
+    n = _rms(r, t["midlayer.post_attention_layernorm.weight"], m.eps)
+    r = r + lin(torch.nn.functional.silu(lin(n, "midlayer.mlp.gate_proj")) * lin(n, "midlayer.mlp.up_proj"),
+                "midlayer.mlp.down_proj")
+    logits = lin(_rms(r, t["norm.weight"], m.eps), "lm_head")
+    full = logits.new_full((len(x), vocab_size), float("-inf"))
+    full[:, torch.arange(d2t.numel()) + d2t] = logits
+    return full
+
+
+def make_target3(family: str) -> torch.nn.Module:
+    t = tiny_model(family, seed=4 if family == "llama" else 5, layers=N_LAYERS)
+    t.config.rope_parameters = {"rope_type": "default", "rope_theta": THETA}
+    return t
+
+
+def random_head3(target, layers, reduced: bool, seed: int = 0) -> Eagle3Head:
+    torch.manual_seed(seed)
+    vocab = DraftVocab(torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:40], VOCAB) \
+        if reduced else None
+    head = Eagle3Head(target, layers, vocab)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return head
+
+
+def fused_inputs(target, head: Eagle3Head, n: int = 6, seed: int = 1):
+    torch.manual_seed(seed)
+    ids = torch.randint(4, VOCAB, (1, n + 1))
+    with torch.no_grad():
+        hidden = target.model(input_ids=ids[:, :n], output_hidden_states=True).hidden_states
+    return head.select_features(hidden), target.get_input_embeddings()(ids[:, 1:]).detach()
+
+
+def head3_logits(head: Eagle3Head, feats: torch.Tensor, emb: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """``[T, V]`` the head's target-vocabulary logits (-inf outside its draft vocabulary)."""
+    n = feats.shape[1]
+    mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+    with torch.no_grad():
+        h = head.to(dtype)
+        out = h.logits(h(feats.to(dtype), emb.to(dtype), torch.arange(n)[None], mask))[0]
+    return out if head.draft_vocab is None else head.draft_vocab.expand(out)
+
+
+def rounded3(head: Eagle3Head, target, dtype: torch.dtype) -> Eagle3Head:
+    ref = Eagle3Head(target, head.feature_layers, head.draft_vocab)
+    ref.load_state_dict({k: v.to(dtype).to(torch.float32) for k, v in head.state_dict().items()})
+    return ref.eval()
+
+
+@pytest.fixture(scope="module")
+def targets3():
+    return {f: make_target3(f) for f in ("llama", "qwen2")}
+
+
+@pytest.mark.parametrize("layers", ["default", "custom"])
+@pytest.mark.parametrize("reduced", [False, True], ids=["full-vocab", "reduced-vocab"])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_eagle3_export_loads_strictly_reads_the_layers_computes_the_head_and_round_trips(
+        engine, family, reduced, layers, targets3, tmp_path):
+    target = targets3[family]
+    chosen = None if layers == "default" else (1, 3, 5)
+    head = random_head3(target, chosen, reduced)
+    head.save(tmp_path / "h", {"target": "tiny", "method": "hass"})
+    res = export_head(tmp_path / "h", target, engine, tmp_path / engine, "fp16")
+    cfg, tensors = read_export(res.out)
+    assert res.layout == "eagle3" and res.files == ["model.safetensors", "config.json"]
+    assert ("not EAGLE-3's default" in " ".join(res.notes)) == (chosen is not None)
+
+    # the EAGLE-3 layout, and a strict load into the engine's module tree
+    model = EAGLE3_DRAFTS[engine](cfg, N_LAYERS)
+    assert strict_load3(model, {k: tuple(v.shape) for k, v in tensors.items()}) == ([], [], []), model.cls
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg["draft_vocab_size"] == head.lm_head.out_features == (40 if reduced else VOCAB)
+    assert cfg["target_hidden_size"] == 64 and cfg["eagle_config"]["use_aux_hidden_state"] is True
+    assert any(k.startswith("midlayer.") for k in tensors) and not any(k.startswith("layers.") for k in tensors)
+    assert not {"embed_tokens.weight", "fc.bias"} & set(tensors)
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert {v.dtype for k, v in tensors.items() if k not in ("d2t", "t2d")} == {torch.float16}
+    assert model.rope_theta == THETA and cfg["rope_theta"] == THETA
+    # the engine fuses the layers the head was trained on (each engine's id convention)
+    assert model.layers == head.feature_layers == (chosen or default_feature_layers(N_LAYERS))
+    assert (AUX in cfg) == (engine == "vllm")
+
+    # the engine's forward on the exported tensors computes the head's logits (rounded to fp16)
+    ref = rounded3(head, target, torch.float16)
+    feats, emb = fused_inputs(target, head)
+    got = engine_forward3(model, cfg, tensors, emb[0].double(), feats[0].double(), VOCAB)
+    want = head3_logits(ref, feats, emb, torch.float64)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))  # the same draft vocabulary
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(got[fin], want[fin], rtol=1e-6, atol=1e-6)
+
+    # back through import_eagle3: the same head, identical outputs
+    back = import_eagle3(res.out, target)
+    assert back.feature_layers == head.feature_layers
+    assert (back.draft_vocab is None) == (not reduced)
+    assert torch.equal(head3_logits(back, feats, emb), head3_logits(ref, feats, emb))
+
+
+def test_eagle3_rules_have_teeth(targets3, tmp_path):
+    """What goes wrong without the export's choices: an EAGLE-1/2 layout does not load into either
+    EAGLE-3 draft; SGLang reading vLLM's layer ids (or the reverse) fuses the wrong layers; a tied
+    LM head becomes the embedding in SGLang; a reduced head without d2t drafts the wrong tokens."""
+    target = targets3["llama"]
+    head = random_head3(target, (1, 3, 5), True)
+    head.save(tmp_path / "h", {"target": "tiny", "method": "hass"})
+    cfg, tensors = read_export(export_head(tmp_path / "h", target, "vllm", tmp_path / "v").out)
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    old = EagleHead(target, bias=False)
+    old.save(tmp_path / "e2", {"target": "tiny", "method": "hass"})
+    _, old_tensors = read_export(export_head(tmp_path / "e2", target, "vllm", tmp_path / "o").out)
+    for engine, draft in EAGLE3_DRAFTS.items():
+        missing, unexpected, _ = strict_load3(draft(cfg, N_LAYERS), {k: tuple(v.shape) for k, v in old_tensors.items()})
+        assert "fc.weight" not in missing and any(k.startswith("layers.0.") for k in unexpected), engine
+        assert "midlayer.hidden_norm.weight" in missing
+    swapped = {**cfg, "eagle_config": {"use_aux_hidden_state": True, AUX: cfg[AUX]}}
+    assert sglang_eagle3_draft(swapped, N_LAYERS).layers == (2, 4, 6) != head.feature_layers  # one layer off
+    no_ids = {k: v for k, v in cfg.items() if k != AUX}
+    assert vllm_eagle3_draft(no_ids, N_LAYERS).layers == (2, 3, 3) != head.feature_layers  # the default
+    tied = sglang_eagle3_draft({**cfg, "tie_word_embeddings": True}, N_LAYERS)
+    assert tied.from_target["lm_head.weight"][0] == VOCAB != cfg["draft_vocab_size"]
+    feats, emb = fused_inputs(target, head)
+    m = vllm_eagle3_draft(cfg, N_LAYERS)
+    zero = {**tensors, "d2t": torch.zeros_like(tensors["d2t"])}  # vLLM's default when d2t is not shipped
+    got = engine_forward3(m, cfg, zero, emb[0].double(), feats[0].double(), VOCAB)
+    want = head3_logits(rounded3(head, target, torch.float16), feats, emb, torch.float64)
+    assert not torch.equal(torch.isinf(got), torch.isinf(want))
+    assert strict_load3(m, shapes) == ([], [], [])
+
+
+def test_eagle3_export_refusals_and_cli(tiny_dir, tmp_path, capsys):
+    from selfspec.cli import main
+    from selfspec.models.loading import load_model
+
+    target = load_model(str(tiny_dir)).model
+    Eagle3Head(target).save(tmp_path / "h", {"target": "tiny", "method": "hass"})
+    with pytest.raises(SelfspecError, match="use --engine vllm or sglang") as e:
+        export_head(tmp_path / "h", target, "eagle", tmp_path / "e")
+    assert "\n" not in str(e.value)
+    with pytest.raises(SelfspecError, match="drop --with-embeddings"):
+        export_head(tmp_path / "h", target, "sglang", tmp_path / "s", with_embeddings=True)
+    for engine, hint in (("vllm", '"method": "eagle3"'), ("sglang", "--speculative-algorithm EAGLE3")):
+        assert main(["export", str(tmp_path / "h"), "--model", str(tiny_dir), "--engine", engine,
+                     "--out", str(tmp_path / engine)]) == 0
+        out = capsys.readouterr().out
+        assert hint in out and "float16" in out
+        cfg, tensors = read_export(tmp_path / engine)
+        assert strict_load3(EAGLE3_DRAFTS[engine](cfg, 3), {k: tuple(v.shape) for k, v in tensors.items()}) == \
+            ([], [], [])
+        assert not tensors["d2t"].any() and tensors["t2d"].all()  # full vocabulary: the identity map
+        assert isinstance(import_eagle3(tmp_path / engine, target), Eagle3Head)
+    assert main(["export", str(tmp_path / "h"), "--model", str(tiny_dir), "--engine", "eagle",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

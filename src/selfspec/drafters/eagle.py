@@ -42,6 +42,7 @@ from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..heads.eagle import EagleHead
+from ..heads.eagle3 import Eagle3Head, target_features
 from .budget import PLAIN_RATE, Backoff, best_rate
 from .spec import BuildContext, MethodSpec, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
@@ -53,7 +54,7 @@ class EagleConfig:
 
     head: str = option("", "draft head directory; empty = the trained one for the model in "
                            "$SELFSPEC_HOME/heads/<model>-<method> (scripts/train_hass.sh), else the one shipped "
-                           "with selfspec; random or random:SEED = an untrained head (tests, lower bounds)",
+                           "with selfspec; random[:SEED] or random-eagle3[:SEED] = an untrained EAGLE-2 or EAGLE-3 head (tests, lower bounds)",
                        flag="--head")
     top_k: int = option(10, "children per expanded node, and the frontier width (EAGLE-2: 10)", flag="--tree-top-k")
     depth: int = option(5, "expansion rounds after the first level: paths hold up to depth + 1 drafted tokens "
@@ -167,11 +168,12 @@ class EagleDrafter:
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cache = kv_cache.new_cache(self.head.config)
         self.length = 0
-        self.features = out.hidden[-1].to(self.dtype)  # [P, H]: positions 0..P-1 of the prompt
+        # [P, H] (EAGLE-3: [P, 3·H] fused low/mid/high layers): positions 0..P-1 of the prompt
+        self.features = target_features(self.head, out.hidden).to(self.dtype)
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
-        new = out.hidden[-1].index_select(0, idx).to(self.dtype)  # root + accepted drafts
+        new = target_features(self.head, out.hidden, idx).to(self.dtype)  # root + accepted drafts
         self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
         if self._watch is not None and not state.rejection:  # a drafted step: its cost (draft + verify) and yield
             self.backoff.record(verdict.num_accepted + 1, self._watch.elapsed())
@@ -291,22 +293,32 @@ class EagleDrafter:
         return Proposal(tree)
 
 
-def load_head_for(target, cfg: EagleConfig, method: str) -> tuple[EagleHead, str]:
-    """The head of ``eagle2`` / ``hass`` and where it came from: ``cfg.head`` (a directory, or
-    ``random`` for an untrained head: tests and lower bounds), else the trained one in
+def load_head_for(target, cfg: EagleConfig, method: str) -> tuple[EagleHead | Eagle3Head, str]:
+    """The head of ``eagle2`` / ``hass`` and where it came from: ``cfg.head`` (a directory holding
+    an EAGLE-1/2 or EAGLE-3 head, or ``random[:SEED]`` / ``random-eagle3[:SEED]`` for an untrained
+    EAGLE-2 / EAGLE-3 head: tests and lower bounds), else the trained one in
     ``$SELFSPEC_HOME/heads``, else the one shipped with the package."""
     from pathlib import Path
 
     from ..heads import find_head_dir
-    from ..heads.eagle import load_head
+    from ..heads.eagle3 import load_draft_head
 
     if cfg.head.startswith("random"):
+        kind, _, seed_text = cfg.head.partition(":")
         try:
-            seed = int(cfg.head.partition(":")[2] or 0)
+            if kind not in ("random", "random-eagle3"):
+                raise ValueError(kind)
+            seed = int(seed_text or 0)
         except ValueError as e:
-            raise SelfspecError(f"head {cfg.head!r}: use random or random:SEED (an integer)") from e
+            raise SelfspecError(f"head {cfg.head!r}: use random[:SEED] or random-eagle3[:SEED] (SEED an "
+                                "integer)") from e
         with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
             torch.manual_seed(seed)
+            if kind == "random-eagle3":  # drafts over the vocabulary asked for (draft_vocab N > 0), else all
+                from ..models.draft_vocab import draft_vocab_for
+
+                vocab = draft_vocab_for(target, cfg.draft_vocab) if cfg.draft_vocab > 0 else None
+                return Eagle3Head(target.model, draft_vocab=vocab).eval(), f"random-eagle3:{seed}"
             return EagleHead(target.model).eval(), f"random:{seed}"
     found = None if cfg.head else find_head_dir(target.name, method)
     if not cfg.head and found is None:
@@ -317,15 +329,28 @@ def load_head_for(target, cfg: EagleConfig, method: str) -> tuple[EagleHead, str
     if cfg.head and not Path(cfg.head).exists():  # a file: load_head says so
         raise SelfspecError(f"head directory {cfg.head} does not exist; pass a directory written by "
                             "`selfspec train hass` (--head DIR)")
-    head, _ = load_head(path, target.model)
+    head, _ = load_draft_head(path, target.model)
     return head, path
 
 
-def draft_lm_head(target, head: EagleHead, size: int) -> DraftLMHead:
+def draft_lm_head(target, head: EagleHead | Eagle3Head, size: int) -> DraftLMHead:
     """The head's draft LM head: ``size`` -1 = the head's stored draft vocabulary (the full one
-    where it has none), 0 = the full vocabulary, N = the model's top-N ranking."""
+    where it has none), 0 = the full vocabulary, N = the model's top-N ranking. An EAGLE-3 head
+    drafts with its own norm and LM head over the vocabulary it was trained with, so ``size``
+    must be -1 or name that same vocabulary."""
     from ..models.draft_vocab import draft_vocab_for
 
+    if isinstance(head, Eagle3Head):
+        from .eagle3 import HeadLMHead
+
+        if size != -1:
+            want = draft_vocab_for(target, size)
+            have = head.draft_vocab
+            if (want is None) != (have is None) or (want is not None and not torch.equal(want.ids, have.ids)):
+                n = head.lm_head.out_features
+                raise SelfspecError(f"an EAGLE-3 head drafts with its own LM head over the vocabulary it was trained "
+                                    f"with ({n} tokens); drop draft_vocab (--draft-vocab) or pass -1")
+        return HeadLMHead(head, target.backend)
     vocab = head.draft_vocab if size == -1 else draft_vocab_for(target, size)
     return DraftLMHead(target.model.get_output_embeddings(), vocab, target.backend)
 

@@ -172,9 +172,14 @@ def read_meta(path: Path | str) -> dict:
 
 
 def load_head(path: Path | str, target: nn.Module) -> tuple[EagleHead, dict]:
-    """Load a saved head for ``target``; refuses a head trained for another architecture."""
+    """Load a saved head for ``target``; refuses a head trained for another architecture. EAGLE-3
+    heads (``head_arch: "eagle3"``) are loaded by :func:`selfspec.heads.eagle3.load_draft_head`,
+    which loads either kind."""
     path = Path(path)
     meta = read_meta(path)
+    if meta.get("head_arch", "eagle") != "eagle":
+        raise SelfspecError(f"draft head {path} is an {meta['head_arch']} head, not an EAGLE-1/2 one; load it with "
+                            "selfspec.heads.eagle3.load_draft_head")
     if meta["arch"] != arch_hash(target.config):
         raise SelfspecError(f"draft head {path} was trained for another architecture "
                             f"(target '{meta.get('target', '?')}'); train one for this model")

@@ -31,6 +31,16 @@ the target's. Weights are written in the serving dtype (fp16 or bf16). The vLLM 
 computes ``h = W x + b`` and feeds ``h`` to q/k/v and to the residual; with ``h' = W x``,
 q/k/v biases ``W_{q,k,v} b`` (plus their own) and o bias ``b`` give the same layer output,
 because attention weights sum to one (``attn(v + c) = attn(v) + c``). ``import_eagle`` undoes it.
+
+EAGLE-3 heads (``heads/eagle3.py``) export to the EAGLE-3 layout of vLLM's and SGLang's
+``llama_eagle3.py`` (:func:`export_eagle3`, chosen by the head's metadata): ``fc`` [H, 3·H_t]
+without bias, ``midlayer.*`` (2H-input q/k/v, ``hidden_norm``), ``norm``, its own ``lm_head``
+[N, H], ``d2t`` / ``t2d``; config ``architectures: [LlamaForCausalLMEagle3]``, ``draft_vocab_size``,
+``target_hidden_size``, ``eagle_config``. The feature layers are written in each engine's
+convention: vLLM reads a top-level ``eagle_aux_hidden_state_layer_ids`` as the inputs of those
+target layers (``hidden_states`` indices), SGLang (and SpecForge) read
+``eagle_config.eagle_aux_hidden_state_layer_ids`` as the outputs of those layers (index - 1).
+``import_eagle3`` reads such a checkpoint back (or an official EAGLE-3 head in safetensors).
 """
 
 from __future__ import annotations
@@ -42,8 +52,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
 from .eagle import WEIGHTS_FILE, EagleHead, arch_hash, read_meta
+from .eagle3 import ARCH_FIELD, HEAD_ARCH, Eagle3Head, default_feature_layers, load_eagle3_head
 
 ENGINES = ("vllm", "sglang", "eagle")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -67,6 +79,7 @@ class Export:
         files: the file names written into ``out``.
         notes: one line each: what the engine could not hold as the head has it, and what was
             written instead.
+        layout: ``eagle`` (EAGLE-1/2 draft) or ``eagle3``.
     """
 
     out: Path
@@ -74,6 +87,7 @@ class Export:
     dtype: str
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    layout: str = "eagle"
 
 
 def read_head_files(head_dir: Path | str, target: torch.nn.Module) -> tuple[EagleHead, dict, torch.Tensor | None]:
@@ -195,6 +209,8 @@ def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out:
         raise SelfspecError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if dtype not in DTYPES:
         raise SelfspecError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if read_meta(head_dir).get(ARCH_FIELD) == HEAD_ARCH:
+        return export_eagle3(head_dir, target, engine, out, dtype, with_embeddings)
     head, meta, ids = read_head_files(head_dir, target)
     tdtype = DTYPES[dtype]
     state = {k: v.detach().cpu() for k, v in head.state_dict().items()}
@@ -279,6 +295,92 @@ def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out:
     return res
 
 
+# -- EAGLE-3 heads --------------------------------------------------------------------------------
+
+EAGLE3_ENGINES = ("vllm", "sglang")
+EAGLE3_ARCH = "LlamaForCausalLMEagle3"  # vLLM registry -> Eagle3LlamaForCausalLM; SGLang EntryClass
+AUX_IDS = "eagle_aux_hidden_state_layer_ids"
+
+
+def export_eagle3(head_dir: Path | str, target: torch.nn.Module, engine: str, out: Path | str, dtype: str = "fp16",
+                  with_embeddings: bool = False) -> Export:
+    """Write an EAGLE-3 head into ``out`` as ``engine`` (vllm or sglang) loads an EAGLE-3 draft
+    (``llama_eagle3.py``; module docstring): the layout's tensors in the serving dtype (``d2t``
+    int64, zeros for a full-vocabulary head; ``t2d`` bool) and a config that builds that tree.
+
+    Raises:
+        SelfspecError: an engine or option that cannot hold the head (one line).
+    """
+    if engine not in EAGLE3_ENGINES:
+        raise SelfspecError(f"EAGLE-3 heads export to {' and '.join(EAGLE3_ENGINES)} (llama_eagle3.py); SafeAILab "
+                            "EAGLE's EAGLE-3 loader runs its own forked target code and is not written: use --engine "
+                            "vllm or sglang")
+    if dtype not in DTYPES:
+        raise SelfspecError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if with_embeddings:
+        raise SelfspecError(f"{engine}'s EAGLE-3 draft shares the target's embedding; drop --with-embeddings")
+    head, meta = load_eagle3_head(head_dir, target)
+    tdtype = DTYPES[dtype]
+    res = Export(Path(out), engine, str(tdtype).removeprefix("torch."), layout="eagle3")
+    cfg = _base_config(head, meta, tdtype, engine)  # head.config: the midlayer's LlamaConfig
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise SelfspecError(f"{engine}'s EAGLE-3 layer supports silu MLPs only, this head has {cfg['hidden_act']}")
+    for k in ("layer_types", "eagle_feature_layers", "use_sliding_window", "sliding_window", "max_window_layers",
+              AUX_IDS):
+        cfg.pop(k, None)
+    n, vocab = head.lm_head.out_features, head.draft_vocab
+    cfg.update(architectures=[EAGLE3_ARCH], model_type="llama", num_hidden_layers=1, head_dim=_head_dim(cfg),
+               bias=False, attention_bias=False, mlp_bias=False, tie_word_embeddings=False, draft_vocab_size=n,
+               target_hidden_size=head.fc.in_features // 3, norm_before_residual=False,
+               eagle_config={"use_aux_hidden_state": True, AUX_IDS: [i - 1 for i in head.feature_layers]})
+    if engine == "vllm":  # vLLM's convention: the input of target layer i (llama.py's aux_hidden_state_layers)
+        cfg[AUX_IDS] = list(head.feature_layers)
+    state = {k: v.detach().cpu().to(tdtype).contiguous() for k, v in head.state_dict().items()}
+    state["d2t"] = vocab.d2t() if vocab is not None else torch.zeros(n, dtype=torch.long)
+    state["t2d"] = vocab.t2d() if vocab is not None else torch.ones(n, dtype=torch.bool)
+    default = default_feature_layers(int(target.config.num_hidden_layers))
+    if head.feature_layers != default:
+        res.notes.append(f"the head reads target layers {list(head.feature_layers)}, not EAGLE-3's default "
+                         f"{list(default)}: the config names them; serve with an engine version that reads {AUX_IDS}")
+    out = res.out
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (TOKEN_MAP_FILE, "pytorch_model.bin"):
+        (out / stale).unlink(missing_ok=True)
+    save_file(dict(sorted(state.items())), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+    res.files = [WEIGHTS_FILE, "config.json"]
+    return res
+
+
+def import_eagle3(path: Path | str, target: torch.nn.Module) -> Eagle3Head:
+    """Load an EAGLE-3 checkpoint in safetensors (an :func:`export_eagle3` output or an official
+    EAGLE-3 head: ``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``) as a head for ``target``.
+    The feature layers come from ``eagle_config`` (layer outputs: + 1), else a top-level
+    ``eagle_aux_hidden_state_layer_ids`` (vLLM's: layer inputs), else EAGLE-3's default; an
+    all-zero ``d2t`` over the whole vocabulary is the full vocabulary."""
+    path = Path(path)
+    f = path / WEIGHTS_FILE
+    if not f.is_file():
+        raise SelfspecError(f"{path} has no {WEIGHTS_FILE} (only safetensors checkpoints are read)")
+    cfg = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    state = {k: v for k, v in load_file(str(f)).items() if k not in (EMBED, "t2d")}
+    nested = (cfg.get("eagle_config") or {}).get(AUX_IDS)
+    layers = [i + 1 for i in nested] if nested else cfg.get(AUX_IDS)
+    hid = int(target.config.hidden_size)
+    if cfg.get("target_hidden_size", hid) != hid or cfg.get("hidden_size", hid) != hid:
+        raise SelfspecError(f"EAGLE-3 head {path} is for hidden size {cfg.get('target_hidden_size')} / "
+                            f"{cfg.get('hidden_size')}, the target has {hid}")
+    vsize = int(target.config.vocab_size)
+    d2t = state.pop("d2t", None)
+    vocab = None if d2t is None or (d2t.numel() == vsize and not bool(d2t.any())) else DraftVocab.from_d2t(d2t, vsize)
+    head = Eagle3Head(target, layers, vocab)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SelfspecError(f"EAGLE-3 head {path} does not fit this target (missing {missing[:2]}, "
+                            f"unexpected {unexpected[:2]})")
+    return head.eval()
+
+
 def exported_draft_ids(path: Path | str) -> torch.Tensor | None:
     """The reduced draft vocabulary (target token ids) an export carries: SGLang's token map or an
     EAGLE-3 ``d2t``; None when it drafts over the full vocabulary."""
@@ -337,6 +439,13 @@ def serve_hint(res: Export, target_ref: str, target_dir: Path | str | None = Non
     """The command that serves ``res`` with its target (``target_ref``: the path or hub id the
     engine loads), and what the engine needs from the target side, one line each."""
     out, dtype = res.out, res.dtype
+    if res.layout == "eagle3":
+        if res.engine == "vllm":
+            spec = json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": 5})
+            return [f"serve: vllm serve {target_ref} --dtype {dtype} --speculative-config '{spec}'"]
+        return [f"serve: python -m sglang.launch_server --model-path {target_ref} --dtype {dtype} "
+                f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {out} --speculative-num-steps 5 "
+                f"--speculative-eagle-topk 8 --speculative-num-draft-tokens 64"]
     if res.engine == "vllm":
         spec = json.dumps({"method": "eagle", "model": str(out), "num_speculative_tokens": 5})
         return [f"serve: vllm serve {target_ref} --dtype {dtype} --speculative-config '{spec}'"]

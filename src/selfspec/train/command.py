@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import seed_arg
@@ -91,37 +91,73 @@ HEAD_METHODS = {"eagle": "eagle2", "hass": "hass"}  # the head objective -> the 
 def _add_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features", default=None,
                    help="feature cache directory (default OUT/features); share it between heads for ablations")
+    p.add_argument("--arch", default="eagle2", choices=["eagle2", "eagle3"],
+                   help="head architecture: eagle2 (EAGLE-1/2: fc over [embedding; last hidden state], the target's "
+                        "LM head; default) or eagle3 (fused low/middle/high layers, a midlayer over [embedding; "
+                        "hidden], its own LM head over a reduced vocabulary, training-time test)")
     p.add_argument("--objective", default="hass", help="eagle (passes 1, no top-K loss) or hass (default)")
-    p.add_argument("--passes", type=int, default=None, help="HCA alignment passes (default: eagle 1, hass 3)")
+    p.add_argument("--passes", type=int, default=None,
+                   help="HCA alignment passes (default: eagle 1, hass 3); --arch eagle3: training-time-test steps "
+                        "(default 7)")
     p.add_argument("--topk", type=int, default=10, help="K of the top-K distillation loss (default 10)")
     p.add_argument("--topk-weight", type=float, default=None, help="its weight (default: eagle 0, hass 1)")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW peak learning rate (default 3e-4)")
-    p.add_argument("--noise", type=float, default=0.1, help="uniform noise on input features (default 0.1)")
+    p.add_argument("--noise", type=float, default=None,
+                   help="uniform noise on input features (default 0.1; --arch eagle3: 0)")
     p.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
     p.add_argument("--no-fc-bias", action="store_true",
-                   help="train fc without a bias (vLLM's EAGLE fc has none; see selfspec export)")
+                   help="train fc without a bias (vLLM's EAGLE fc has none; see selfspec export; an EAGLE-3 fc never "
+                        "has one)")
+    p.add_argument("--feature-layers", default=None,
+                   help="--arch eagle3: the three hidden-state indices A,B,C it reads (i = the input of decoder layer "
+                        "i; default EAGLE-3's 2, L/2, L-3)")
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="reduced draft vocabulary: the N most frequent learned tokens of the training data (plus "
                         "EOS); the loss's LM head covers only them and the head stores the d2t map (default 0 = full)")
 
 
+def _feature_layers(text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        layers = ()
+    if len(layers) != 3:
+        raise SelfspecError(f"--feature-layers takes three comma-separated layer indices A,B,C, not {text!r}")
+    return layers
+
+
 def run_head(args: argparse.Namespace) -> int:
     """Train a draft head: data -> features -> Accelerate training (resumable at every stage)."""
+    from .eagle3 import Eagle3Options
     from .trainer import TrainOptions
 
+    eagle3 = args.arch == "eagle3"
     if args.objective not in HEAD_METHODS:
         raise SelfspecError(f"--objective must be {' or '.join(HEAD_METHODS)}, not {args.objective!r}")
-    passes = args.passes if args.passes is not None else (1 if args.objective == "eagle" else 3)
+    if not eagle3 and args.feature_layers is not None:
+        raise SelfspecError("--feature-layers applies to --arch eagle3 (an EAGLE-2 head reads the last hidden state)")
+    passes = args.passes if args.passes is not None else (7 if eagle3 else 1 if args.objective == "eagle" else 3)
     topk_w = args.topk_weight if args.topk_weight is not None else (0.0 if args.objective == "eagle" else 1.0)
+    noise = args.noise if args.noise is not None else (0.0 if eagle3 else 0.1)
     if args.draft_vocab < 0:
         raise SelfspecError(f"--draft-vocab must be 0 (the full vocabulary) or a token count, not {args.draft_vocab}")
     if passes < 1 or args.topk < 1 or topk_w < 0 or args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
         raise SelfspecError("train needs --passes >= 1, --topk >= 1, --topk-weight >= 0, --epochs >= 1, --lr > 0 "
                             "and --batch-size >= 1")
-    opts = TrainOptions(objective=args.objective, passes=passes, topk=args.topk, topk_weight=topk_w,
-                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=args.noise,
-                        seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "",
-                        fc_bias=not args.no_fc_bias, draft_vocab=args.draft_vocab)
+    layers = _feature_layers(args.feature_layers)
+    if eagle3:
+        opts: TrainOptions | Eagle3Options = Eagle3Options(
+            objective=args.objective, steps=passes, topk=args.topk, topk_weight=topk_w,
+            detach=args.objective == "hass", draft_vocab=args.draft_vocab,
+            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=noise, seed=args.seed,
+            checkpoint_every=args.checkpoint_every, init=args.init or "")
+    else:
+        opts = TrainOptions(objective=args.objective, passes=passes, topk=args.topk, topk_weight=topk_w,
+                            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=noise,
+                            seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "",
+                            fc_bias=not args.no_fc_bias, draft_vocab=args.draft_vocab)
     acc, target, data = _start(args)
     from .features import extract_features, read_sequences
     from .pipeline import prepare_examples
@@ -129,19 +165,32 @@ def run_head(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     feat_dir = Path(args.features) if args.features else out / "features"
+    if eagle3:  # the fused layers live in their own cache, keyed by the layers
+        from ..heads.eagle3 import resolve_feature_layers
+
+        layers = resolve_feature_layers(int(target.model.config.num_hidden_layers), layers)  # EAGLE-3's by default
+        opts = replace(opts, feature_layers=layers)
+        feat_dir = feat_dir / f"eagle3-{'-'.join(str(i) for i in layers)}"
     if acc.is_main_process:
         examples = prepare_examples(target.model, target.tokenizer, data, feat_dir, not args.no_progress)
         extract_features(target.model, examples, feat_dir, {"model": target.name, **data.__dict__},
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, layers=layers if eagle3 else None)
     acc.wait_for_everyone()
     seqs = list(read_sequences(feat_dir))
     meta = {"target": target.name, "data": data.__dict__, "sequences": len(seqs),
             "tokens": int(sum(s.input_ids.numel() for s in seqs))}
-    res = train_head(target.model, seqs, out, opts, meta, resume=args.resume, progress=not args.no_progress,
-                     accelerator=acc)
+    if eagle3:
+        from .eagle3 import train_eagle3
+
+        res = train_eagle3(target.model, seqs, out, opts, meta, resume=args.resume, progress=not args.no_progress,
+                           accelerator=acc)
+    else:
+        res = train_head(target.model, seqs, out, opts, meta, resume=args.resume, progress=not args.no_progress,
+                         accelerator=acc)
     if acc.is_main_process:
         accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(1, passes + 1) if f"acc{j}" in res)
-        print(f"{opts.objective} head: {res['steps']} steps on {meta['tokens']} tokens ({len(seqs)} sequences); "
+        kind = "EAGLE-3 " if eagle3 else ""
+        print(f"{opts.objective} {kind}head: {res['steps']} steps on {meta['tokens']} tokens ({len(seqs)} sequences); "
               f"validation top-1 agreement by drafting step: {accs or 'n/a'}")
         print(f"head: {out}   (use: --method {HEAD_METHODS[opts.objective]} --head {out})")
     return 0

@@ -5,6 +5,11 @@ tokens: ``input_ids`` ``[T]`` int64, ``loss_mask`` ``[T]`` bool (tokens to learn
 ``[T, H]`` (the target's post-norm last hidden state, the LM-head input; fp16 by default) and
 ``offsets`` ``[n + 1]`` int64 (example boundaries). ``manifest.json`` records the target, the
 settings and the shards done, so an interrupted extraction resumes at the next shard.
+
+For EAGLE-3 heads (``layers``: three ``hidden_states`` indices), ``features`` is ``[T, 3·H]``: the
+hidden states at those layers, concatenated low to high, and ``last`` ``[T, H]`` is the post-norm
+last hidden state the teacher's logits come from. Such a cache lives in its own directory (the
+layers are part of its settings, so a cache of other layers is refused).
 """
 
 from __future__ import annotations
@@ -32,21 +37,27 @@ class CachedSequence:
     Attributes:
         input_ids: ``[L]`` int64 tokens ``x_0 .. x_{L-1}``.
         loss_mask: ``[L]`` bool, True on tokens to learn.
-        features: ``[L, H]`` target features ``f_0 .. f_{L-1}``.
+        features: ``[L, H]`` target features ``f_0 .. f_{L-1}`` (EAGLE-3: ``[L, 3·H]``, fused layers).
+        last: ``[L, H]`` post-norm last hidden states (EAGLE-3 caches only; None otherwise).
     """
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     features: torch.Tensor
+    last: torch.Tensor | None = None
 
 
-def _write_shard(path: Path, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> int:
+def _write_shard(path: Path, rows: list[tuple[torch.Tensor, ...]]) -> int:
+    """Rows ``(input_ids, loss_mask, features[, last])``."""
     ids = torch.cat([r[0] for r in rows])
     mask = torch.cat([r[1] for r in rows])
     feats = torch.cat([r[2] for r in rows])
     offsets = torch.tensor([0] + [r[0].numel() for r in rows]).cumsum(0)
+    tensors = {"input_ids": ids, "loss_mask": mask, "features": feats.contiguous(), "offsets": offsets}
+    if len(rows[0]) > 3:
+        tensors["last"] = torch.cat([r[3] for r in rows]).contiguous()
     tmp = path.with_suffix(".tmp")
-    save_file({"input_ids": ids, "loss_mask": mask, "features": feats.contiguous(), "offsets": offsets}, str(tmp))
+    save_file(tensors, str(tmp))
     tmp.replace(path)
     return int(ids.numel())
 
@@ -54,7 +65,7 @@ def _write_shard(path: Path, rows: list[tuple[torch.Tensor, torch.Tensor, torch.
 @torch.inference_mode()
 def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: Path, settings: dict,
                      shard_examples: int = 64, batch_tokens: int = 4096, dtype: torch.dtype = torch.float16,
-                     progress: bool = True) -> dict:
+                     progress: bool = True, layers: Sequence[int] | None = None) -> dict:
     """Run ``model`` over ``examples`` and write shards into ``out`` (resumable).
 
     Args:
@@ -67,6 +78,8 @@ def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: P
         batch_tokens: examples are run one at a time in length order within a shard, padded into
             batches of at most this many tokens.
         dtype: storage dtype of the features.
+        layers: EAGLE-3: the three ``hidden_states`` indices whose concatenation is stored as
+            ``features``, with the last hidden state as ``last`` (None: the last one only).
 
     Returns:
         the manifest.
@@ -74,6 +87,8 @@ def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: P
     out.mkdir(parents=True, exist_ok=True)
     mpath = out / MANIFEST
     settings = {**settings, "examples": len(examples), "shard_examples": shard_examples, "dtype": str(dtype)}
+    if layers is not None:
+        settings["layers"] = [int(i) for i in layers]
     manifest = {"settings": settings, "shards": []}
     if mpath.is_file():
         old = json.loads(mpath.read_text())
@@ -92,6 +107,7 @@ def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: P
             continue
         chunk = examples[s * shard_examples : (s + 1) * shard_examples]
         feats: dict[int, torch.Tensor] = {}
+        lasts: dict[int, torch.Tensor] = {}
         order = sorted(range(len(chunk)), key=lambda i: chunk[i].input_ids.numel())
         i = 0
         while i < len(order):
@@ -109,12 +125,19 @@ def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: P
                 t = chunk[b].input_ids
                 ids[r, : t.numel()] = t
                 att[r, : t.numel()] = 1
-            h = model.model(input_ids=ids.to(device), attention_mask=att.to(device)).last_hidden_state
+            o = model.model(input_ids=ids.to(device), attention_mask=att.to(device),
+                            output_hidden_states=layers is not None)
+            h = o.last_hidden_state
+            fused = None if layers is None else torch.cat([o.hidden_states[i] for i in layers], dim=-1)
             for r, b in enumerate(batch):
-                feats[b] = h[r, : chunk[b].input_ids.numel()].to("cpu", dtype)
+                n = chunk[b].input_ids.numel()
+                feats[b] = (h if fused is None else fused)[r, :n].to("cpu", dtype)
+                if fused is not None:
+                    lasts[b] = h[r, :n].to("cpu", dtype)
             bar.update(int(att.sum()))
             i += len(batch)
-        rows = [(e.input_ids, e.loss_mask.bool(), feats[k]) for k, e in enumerate(chunk)]
+        rows = [(e.input_ids, e.loss_mask.bool(), feats[k]) + ((lasts[k],) if lasts else ())
+                for k, e in enumerate(chunk)]
         tokens = _write_shard(out / name, rows)
         manifest["shards"].append({"file": name, "examples": len(chunk), "tokens": tokens})
         mpath.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -130,5 +153,7 @@ def read_sequences(path: Path) -> Iterator[CachedSequence]:
     for s in json.loads(mpath.read_text())["shards"]:
         d = load_file(str(path / s["file"]))
         off = d["offsets"].tolist()
+        last = d.get("last")
         for a, b in zip(off[:-1], off[1:]):
-            yield CachedSequence(d["input_ids"][a:b], d["loss_mask"][a:b], d["features"][a:b])
+            yield CachedSequence(d["input_ids"][a:b], d["loss_mask"][a:b], d["features"][a:b],
+                                 None if last is None else last[a:b])
