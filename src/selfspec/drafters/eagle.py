@@ -54,7 +54,8 @@ class EagleConfig:
 
     head: str = option("", "draft head directory; empty = the trained one for the model in "
                            "$SELFSPEC_HOME/heads/<model>-<method> (scripts/train_hass.sh), else the one shipped "
-                           "with selfspec; random[:SEED] or random-eagle3[:SEED] = an untrained EAGLE-2 or EAGLE-3 head (tests, lower bounds)",
+                           "with selfspec; random[:SEED] or random-eagle3[:SEED] = an untrained EAGLE-2 or "
+                           "EAGLE-3 head (tests, lower bounds)",
                        flag="--head")
     top_k: int = option(10, "children per expanded node, and the frontier width (EAGLE-2: 10)", flag="--tree-top-k")
     depth: int = option(5, "expansion rounds after the first level: paths hold up to depth + 1 drafted tokens "
