@@ -128,3 +128,26 @@ def test_auto_greedy_ids_equal_ar(tiny_dir):
 def test_auto_refuses_method_options(tiny_dir):
     with pytest.raises(SelfspecError, match="auto"):
         selfspec.load(str(tiny_dir), method="auto", kernels="stock", k=3)
+
+
+def test_a_new_skip_config_invalidates_the_cached_choice(tiny, monkeypatch):
+    """Installing or tuning a draft (here a skip config) changes the cache key: measured again."""
+    from selfspec.drafters.skip_config import user_config_path
+
+    calls = []
+
+    def fake_measure(make, cands, prompts, **kw):
+        calls.append(1)
+        return {"ar": 1.0, "pld": 2.0}, {"ar": True, "pld": True}
+
+    monkeypatch.setattr(autoselect, "measure", fake_measure)
+    make = lambda c: None  # noqa: E731
+    autoselect.choose(tiny, make, remeasure=True, progress=False)
+    assert autoselect.choose(tiny, make, progress=False).cached and len(calls) == 1
+    p = user_config_path(tiny.name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("{}")
+    try:
+        assert not autoselect.choose(tiny, make, progress=False).cached and len(calls) == 2
+    finally:
+        p.unlink()

@@ -134,8 +134,34 @@ def select(table: dict[str, float], identical: dict[str, bool] | None = None) ->
     return best or "ar"
 
 
+def _artefacts(target: LoadedModel) -> list:
+    """Size and modification time of every file the candidates' drafts are built from (shipped
+    and user heads, skip configs, draft vocabulary rankings): a new head or config, installed or
+    trained, invalidates the cached choice."""
+    from .heads import default_head_dir, shipped_head_dir
+    from .paths import model_key, selfspec_home
+
+    key = model_key(target.name)
+    data = Path(str(resources.files("selfspec"))) / "data"
+    paths = [data / "skip_configs" / f"{key}.json", data / "draft_vocab" / f"{key}.json",
+             selfspec_home() / "skip_configs" / f"{key}.json", selfspec_home() / "draft_vocab" / f"{key}.json"]
+    for method in ("eagle2", "hass"):
+        for d in (shipped_head_dir(target.name, method), default_head_dir(target.name, method)):
+            if d is not None:
+                paths += [d / "model.safetensors", d / "selfspec_head.json"]
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+            out.append([str(p), st.st_size, st.st_mtime_ns])
+        except OSError:
+            pass
+    return out
+
+
 def _cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
-    sig = hashlib.sha256(json.dumps([[c.method, c.options] for c in cands], sort_keys=True).encode()).hexdigest()
+    sig = hashlib.sha256(json.dumps([[[c.method, c.options] for c in cands], _artefacts(target)],
+                                    sort_keys=True).encode()).hexdigest()
     return profile_key(target.model, target.name, target.backend) + f"|method-auto|{sig[:12]}"
 
 

@@ -294,12 +294,62 @@ def draft_parts(target, vocab_size: int, kernels: str) -> tuple[DraftLMHead | No
     return lm_head, (LinearSwitch(target.model, kernels) if kernels != "same" else None)
 
 
+@torch.no_grad()
+def measure_draft_ratio(model: torch.nn.Module, skip: SkipSet, lm_head: DraftLMHead | None,
+                        switch: LinearSwitch | None, context: int = 64, reps: int = 5) -> float:
+    """Median time of one draft token (``skip``, the draft LM head and kernels) over that of a
+    full one-token forward, interleaved after a ``context``-token cache: the draft cost prior
+    when the draft runs otherwise than the skip config's search measured it."""
+    from ..core.kv_cache import cache_arg, new_cache
+
+    device = next(model.parameters()).device
+    cache = new_cache(model.config)
+    ids = list(range(1, context + 1))
+    model(input_ids=torch.tensor([ids], device=device), **cache_arg(model, cache), use_cache=True, logits_to_keep=1)
+    ratios = []
+    for _ in range(reps):
+        with Stopwatch(device) as full:
+            draft_forward(model, cache, [1], context)
+        kv_cache.truncate(cache, context)
+        with skip_sublayers(model, skip), (switch.active() if switch else nullcontext()):
+            with Stopwatch(device) as draft:
+                draft_forward(model, cache, [1], context, lm_head=lm_head)
+        kv_cache.truncate(cache, context)
+        ratios.append(draft.seconds / max(full.seconds, 1e-9))
+    return sorted(ratios)[len(ratios) // 2]
+
+
+def cached_draft_ratio(target, skip: SkipSet, lm_head: DraftLMHead | None, switch: LinearSwitch | None,
+                       vocab: int, kernels: str) -> float:
+    """:func:`measure_draft_ratio`, measured once per model, backend, machine and draft and then
+    read from the profiles cache, so the budget's starting point (and with it the draft lengths
+    under rejection sampling) does not depend on the clock of each load."""
+    import json
+
+    from ..core.cost import profile_key, profile_path, save_cache
+
+    key = (profile_key(target.model, target.name, target.backend)
+           + f"|self-spec-draft|{sorted(skip.attention)}|{sorted(skip.mlp)}|{vocab}|{kernels}")
+    try:
+        data = json.loads(profile_path(key).read_text())
+        if data.get("key") == key and float(data["ratio"]) > 0:
+            return float(data["ratio"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    ratio = measure_draft_ratio(target.model, skip, lm_head, switch)
+    save_cache(key, {"key": key, "ratio": ratio}, "self-spec draft cost")
+    return ratio
+
+
 def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:
     skip, gamma, source, priors, vocab, kernels = resolve_skip(target, cfg)
     budget = chain_budget(target, cfg.auto_k, gamma.max_draft)
-    if priors is not None and budget.profile is not None:  # start from what the search measured
-        budget.set_prior(priors[0], priors[1] * budget.profile.t1)
     lm_head, switch = draft_parts(target, vocab, kernels)
+    if priors is not None and budget.profile is not None:  # start from what the search measured
+        cost = priors[1]
+        if lm_head is not None or switch is not None:  # the draft runs otherwise than it was searched
+            cost = cached_draft_ratio(target, skip, lm_head, switch, vocab, kernels)
+        budget.set_prior(priors[0], cost * budget.profile.t1)
     return SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
                            source, lm_head, switch)
 
