@@ -89,27 +89,42 @@ def main() -> None:
 
 
 def plot(out: Path) -> None:
+    """``acceptance_vs_vocab.png``: tau and depth-1 acceptance against N per drafter and, when
+    ``draft_breakdown.json`` (``scripts/draft_breakdown.py``, timed interleaved) lies beside the
+    records, the draft cost in T(1) against N. The decode-time draft milliseconds of the records
+    are not plotted: on a shared machine they move with its load, the interleaved timing does not."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    cost_file = out / "draft_breakdown.json"
+    cost = json.loads(cost_file.read_text())["in_T1"] if cost_file.is_file() else None
+    fig, axes = plt.subplots(1, 3 if cost else 2, figsize=(14 if cost else 10, 4))
     for name in dict.fromkeys(r["drafter"] for r in recs):
         rows = sorted((r for r in recs if r["drafter"] == name), key=lambda r: r["size"] or 10**9)
         labels = [str(r["size"]) if r["size"] else "full" for r in rows]
-        ax1.plot(range(len(rows)), [r["acceptance_by_depth"][0] for r in rows], marker="o", label=name)
-        ax2.plot(range(len(rows)), [r["draft_ms_per_drafted_step"] for r in rows], marker="o", label=name)
-        ax1.set_xticks(range(len(rows)), labels)
-        ax2.set_xticks(range(len(rows)), labels)
-    ax1.set_xlabel("draft vocabulary N")
-    ax1.set_ylabel("acceptance at depth 1")
-    ax2.set_xlabel("draft vocabulary N")
-    ax2.set_ylabel("draft ms per drafted step")
-    ax1.legend()
-    ax1.set_title(f"{recs[0]['model']}: acceptance vs N")
-    ax2.set_title("draft cost vs N")
+        axes[0].plot(labels, [r["acceptance_by_depth"][0] for r in rows], marker="o", label=name)
+        axes[1].plot(labels, [r["tau"] for r in rows], marker="o", label=name)
+    axes[0].set_ylabel("acceptance at depth 1")
+    axes[1].set_ylabel("tau (k = 4 chain / 24-node tree)")
+    if cost:
+        series: dict[str, dict[str, float]] = {}
+        for k, v in cost.items():
+            if k == "T(1)" or "N=" not in k:
+                continue
+            what, n = k.rsplit(", N=", 1)
+            series.setdefault(what, {})[n] = v
+        for what, pts in series.items():
+            order = sorted(pts, key=lambda n: 10**9 if n == "full" else int(n))
+            axes[2].plot(order, [pts[n] for n in order], marker="o", label=what)
+        axes[2].set_ylabel("draft cost in T(1) (interleaved timing)")
+        axes[2].legend(fontsize=7)
+    for ax in axes:
+        ax.set_xlabel("draft vocabulary N")
+    axes[0].legend()
+    fig.suptitle(f"{recs[0]['model']}: reduced draft vocabularies (greedy, every output identical to ar)")
     fig.tight_layout()
     fig.savefig(out / "acceptance_vs_vocab.png", dpi=110)
 
