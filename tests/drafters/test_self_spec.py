@@ -127,4 +127,8 @@ def test_shipped_configs_parse(name):
     assert path is not None, f"no shipped skip config for {name}"
     cfg = read(path)
     assert cfg.model == name and cfg.search["trials"] > 0
-    assert 0 < len(cfg.skip_attention) + len(cfg.skip_mlp) < 2 * cfg.num_layers
+    skipped = len(cfg.skip_attention) + len(cfg.skip_mlp)
+    assert skipped < 2 * cfg.num_layers
+    # the draft differs from the full model: sub-layers skipped, or its own (int8) kernels
+    assert skipped > 0 or cfg.draft_kernels != "same"
+    assert cfg.draft_kernels in ("same", "int8") and cfg.draft_vocab >= 0

@@ -66,10 +66,11 @@ class SelfSpecConfig:
     gamma0: float | None = option(None, "override the skip config's initial gamma (gamma exit)")
     alpha: float | None = option(None, "override the skip config's target acceptance alpha (gamma exit)")
     draft_vocab: int = option(-1, DRAFT_VOCAB_HELP, flag="--draft-vocab")
-    draft_kernels: str = option("", "kernels of the draft passes: int8 = a quantised copy of the model's own weights "
-                                    "(+25% memory; verification stays on the model's kernels, so output is "
-                                    "unchanged), same = the verify backend's; empty = the skip config's (else same)",
-                                flag="--draft-kernels", choices=("", *DRAFT_KERNELS))
+    draft_kernels: str = option("config", "kernels of the draft passes: int8 = a quantised copy of the model's own "
+                                          "weights (+25% memory; verification stays on the model's kernels, so "
+                                          "output is unchanged), same = the verify backend's, config = the skip "
+                                          "config's (else same)",
+                                flag="--draft-kernels", choices=("config", *DRAFT_KERNELS))
 
     def __post_init__(self) -> None:
         check_numbers(self, "self-spec")
@@ -77,8 +78,8 @@ class SelfSpecConfig:
         need(self, "self-spec", "k", self.k is None or self.k >= 1, ">= 1")
         need(self, "self-spec", "min_confidence", 0.0 <= self.min_confidence < 1.0, "in [0, 1)")
         need(self, "self-spec", "draft_vocab", self.draft_vocab >= -1, ">= -1")
-        need(self, "self-spec", "draft_kernels", self.draft_kernels in ("", *DRAFT_KERNELS),
-             f"one of {', '.join(DRAFT_KERNELS)}")
+        need(self, "self-spec", "draft_kernels", self.draft_kernels in ("config", *DRAFT_KERNELS),
+             f"one of config, {', '.join(DRAFT_KERNELS)}")
 
 
 def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: int,
@@ -278,7 +279,7 @@ def resolve_skip(target, cfg: SelfSpecConfig
     if cfg.k is not None:
         over["max_draft"] = cfg.k
     vocab = vocab if cfg.draft_vocab == -1 else cfg.draft_vocab
-    kernels = cfg.draft_kernels or kernels
+    kernels = kernels if cfg.draft_kernels == "config" else cfg.draft_kernels
     return skip, dataclasses.replace(gamma, **over), source, priors, vocab, kernels
 
 
