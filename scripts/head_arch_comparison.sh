@@ -2,8 +2,8 @@
 # EAGLE-2 against EAGLE-3 heads, each with the EAGLE and the HASS objective, at an equal training
 # budget on SmolLM2-135M-Instruct: the same data (one self-distilled + ShareGPT + stdlib mix, one
 # feature cache), the same epochs, learning rate, batch and draft vocabulary (N = 8192), all four from
-# scratch. Then one benchmark run per prompt set with the four heads at default settings (cost-sized
-# trees) and at a fixed 24-node tree (so that tau compares the heads, not the budget), and the table
+# scratch. Then one benchmark run per prompt set with the shipped heads and the four at default settings
+# (cost-sized trees), and the four at a fixed 24-node tree (so that tau compares the heads, not the budget), and the table
 # and plots (scripts/head_arch_comparison.py). Every step resumes; ARMS picks a subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ for arm in ${ARMS:-eagle2-eagle eagle2-hass eagle3-eagle eagle3-hass}; do
     "$S" train hass "${COMMON[@]}" "${DATA[@]}" --arch "$arch" --objective "$objective" "${extra[@]}" --out "$H/$arm"
 done
 [[ ${TRAIN_ONLY:-0} == 1 ]] && exit 0
-METHODS=ar
+METHODS=ar,eagle2,hass   # the shipped heads (the current defaults) beside the four arms
 for arm in eagle2-eagle eagle2-hass eagle3-eagle eagle3-hass; do METHODS+=",hass:head=$H/$arm"; done
 for arm in eagle2-eagle eagle2-hass eagle3-eagle eagle3-hass; do METHODS+=",hass:head=$H/$arm:total_tokens=24:min_prob=0"; done
 for DS in mt-bench humaneval; do
