@@ -1,6 +1,6 @@
 """Copy trained draft heads into the package as fp16 (what `--method eagle2|hass` use out of the box).
 
-    python scripts/ship_heads.py [MODEL]   # default smollm2-135m-instruct; after scripts/train_hass.sh
+    python scripts/ship_heads.py [MODEL] [METHOD ...]   # default: smollm2-135m-instruct eagle2 hass
 
 Reads $SELFSPEC_HOME/heads/MODEL-{eagle2,hass} and writes src/selfspec/data/heads/MODEL-{eagle2,hass}
 (model.safetensors in fp16, config.json, selfspec_head.json with a "shipped" note). A user's own
@@ -21,14 +21,15 @@ from selfspec.heads import default_head_dir
 LIMIT = 10 * 2**20  # bytes per committed artefact
 
 
-def main(model: str) -> None:
-    for method in ("eagle2", "hass"):
+def main(model: str, methods: list[str]) -> None:
+    for method in methods:
         src = default_head_dir(model, method)
         if not (src / "selfspec_head.json").is_file():
             raise SystemExit(f"no trained {method} head in {src}; run bash scripts/train_hass.sh first")
         dst = Path("src/selfspec/data/heads") / f"{model}-{method}"
         dst.mkdir(parents=True, exist_ok=True)
-        state = {k: v.half().contiguous() for k, v in load_file(str(src / "model.safetensors")).items()}
+        state = {k: (v.half() if v.is_floating_point() else v).contiguous()  # d2t / t2d maps keep their dtypes
+             for k, v in load_file(str(src / "model.safetensors")).items()}
         save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
         shutil.copy(src / "config.json", dst / "config.json")
         meta = json.loads((src / "selfspec_head.json").read_text())
@@ -41,4 +42,4 @@ def main(model: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct")
+    main(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct", sys.argv[2:] or ["eagle2", "hass"])
