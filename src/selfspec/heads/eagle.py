@@ -132,21 +132,27 @@ class EagleHead(nn.Module):
 
     def save(self, out: Path | str, meta: dict) -> Path:
         """Write ``model.safetensors``, ``config.json`` and ``selfspec_head.json`` into ``out``."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        extra: dict = {}
-        if self.draft_vocab is not None:
-            state["d2t"], state["t2d"] = self.draft_vocab.d2t(), self.draft_vocab.t2d()
-            extra["draft_vocab_size"] = self.draft_vocab.size
-        save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-        cfg = self.config.to_dict()
-        cfg.pop("_attn_implementation_autoset", None)
-        (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
-        full = {"format": HEAD_FORMAT, "arch": arch_hash(self.config), "bias": self.fc.bias is not None, **extra,
-                **meta}
-        (out / META_FILE).write_text(json.dumps(full, indent=2) + "\n")
-        return out
+        return save_head_files(self, out, {"format": HEAD_FORMAT, "arch": arch_hash(self.config),
+                                           "bias": self.fc.bias is not None}, meta)
+
+
+def save_head_files(head: nn.Module, out: Path | str, head_meta: dict, meta: dict) -> Path:
+    """Write a draft head (EAGLE-2 or EAGLE-3) into ``out``: its weights in ``model.safetensors``
+    (with the ``d2t`` / ``t2d`` maps of a reduced draft vocabulary), ``head.config`` as
+    ``config.json``, and ``head_meta`` + the vocabulary size + ``meta`` as ``selfspec_head.json``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    extra: dict = {}
+    if head.draft_vocab is not None:
+        state["d2t"], state["t2d"] = head.draft_vocab.d2t(), head.draft_vocab.t2d()
+        extra["draft_vocab_size"] = head.draft_vocab.size
+    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    cfg = head.config.to_dict()
+    cfg.pop("_attn_implementation_autoset", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
+    (out / META_FILE).write_text(json.dumps({**head_meta, **extra, **meta}, indent=2) + "\n")
+    return out
 
 
 def read_meta(path: Path | str) -> dict:

@@ -27,12 +27,11 @@ directory of either kind.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
@@ -40,7 +39,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from ..core import kv_cache
 from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
-from .eagle import HEAD_FORMAT, META_FILE, WEIGHTS_FILE, EagleHead, arch_hash, load_head, read_meta
+from .eagle import HEAD_FORMAT, WEIGHTS_FILE, EagleHead, arch_hash, load_head, read_meta, save_head_files
 
 HEAD_ARCH = "eagle3"
 ARCH_FIELD = "head_arch"  # selfspec_head.json: "eagle3"; absent for EAGLE-1/2 heads
@@ -227,21 +226,8 @@ class Eagle3Head(nn.Module):
 
     def save(self, out: Path | str, meta: dict) -> Path:
         """Write ``model.safetensors``, ``config.json`` and ``selfspec_head.json`` into ``out``."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        extra: dict = {}
-        if self.draft_vocab is not None:
-            state["d2t"], state["t2d"] = self.draft_vocab.d2t(), self.draft_vocab.t2d()
-            extra["draft_vocab_size"] = self.draft_vocab.size
-        save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-        cfg = self.config.to_dict()
-        cfg.pop("_attn_implementation_autoset", None)
-        (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
-        full = {"format": HEAD_FORMAT, "arch": self.target_arch, ARCH_FIELD: HEAD_ARCH, "bias": False,
-                "feature_layers": list(self.feature_layers), **extra, **meta}
-        (out / META_FILE).write_text(json.dumps(full, indent=2) + "\n")
-        return out
+        return save_head_files(self, out, {"format": HEAD_FORMAT, "arch": self.target_arch, ARCH_FIELD: HEAD_ARCH,
+                                           "bias": False, "feature_layers": list(self.feature_layers)}, meta)
 
 
 def load_eagle3_head(path: Path | str, target: nn.Module, meta: dict | None = None) -> tuple[Eagle3Head, dict]:

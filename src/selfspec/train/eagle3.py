@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -49,7 +49,7 @@ from ..errors import SelfspecError
 from ..heads.eagle3 import Eagle3Head, load_draft_head
 from . import loop
 from .features import CachedSequence
-from .trainer import training_vocab
+from .trainer import training_vocab, with_feature_noise
 
 
 @dataclass(frozen=True)
@@ -270,12 +270,7 @@ class Eagle3Objective:
         return asdict(self.opts)
 
     def make_batch(self, seqs: list[CachedSequence], rng: random.Random) -> Batch3:
-        batch = collate3(seqs)
-        if self.opts.noise <= 0:
-            return batch
-        gen = torch.Generator().manual_seed(rng.getrandbits(62))
-        u = torch.rand(batch.features.shape, generator=gen, dtype=batch.features.dtype)
-        return replace(batch, features=batch.features + (u - 0.5) * 2 * self.opts.noise)
+        return with_feature_noise(collate3(seqs), self.opts.noise, rng)
 
     def make_eval_batch(self, seqs: list[CachedSequence], rng: random.Random) -> Batch3:
         return collate3(seqs)

@@ -142,6 +142,17 @@ def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch,
     return total, metrics
 
 
+def with_feature_noise(batch, noise: float, rng: random.Random):
+    """``batch`` with uniform noise in [-noise, noise] added to its input ``features`` (EAGLE's
+    robustness trick; the teacher's targets are untouched), drawn from a generator seeded by ``rng``.
+    ``batch`` is any dataclass with a ``features`` tensor; ``noise <= 0`` returns it unchanged."""
+    if noise <= 0:
+        return batch
+    gen = torch.Generator().manual_seed(rng.getrandbits(62))
+    u = torch.rand(batch.features.shape, generator=gen, dtype=batch.features.dtype)
+    return replace(batch, features=batch.features + (u - 0.5) * 2 * noise)
+
+
 class HeadObjective:
     """The :class:`~selfspec.train.loop.Objective` of EAGLE / HASS head training: batches of
     cached sequences (:func:`collate`), uniform noise on the input features of training batches
@@ -158,12 +169,7 @@ class HeadObjective:
         return asdict(self.opts)
 
     def make_batch(self, seqs: list[CachedSequence], rng: random.Random) -> Batch:
-        batch = collate(seqs)
-        if self.opts.noise <= 0:
-            return batch
-        gen = torch.Generator().manual_seed(rng.getrandbits(62))
-        u = torch.rand(batch.features.shape, generator=gen, dtype=batch.features.dtype)
-        return replace(batch, features=batch.features + (u - 0.5) * 2 * self.opts.noise)
+        return with_feature_noise(collate(seqs), self.opts.noise, rng)
 
     def make_eval_batch(self, seqs: list[CachedSequence], rng: random.Random) -> Batch:
         return collate(seqs)
