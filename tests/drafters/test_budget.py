@@ -1,7 +1,7 @@
 """The draft budget follows the measured cost profile and the observed acceptance."""
 
 from selfspec.core.cost import CostProfile
-from selfspec.drafters.budget import ChainBudget
+from selfspec.drafters.budget import ChainBudget, ConfidenceCalibration
 from selfspec.drafters.prompt_lookup import lookup
 
 
@@ -63,3 +63,31 @@ def test_best_prefix_skips_expensive_block_sizes():
     assert b.best_prefix([0.95, 0.2, 0.9]) == 3  # q = 4 is cheaper than q = 2
     assert b.best_prefix([0.3, 0.2, 0.1]) == 0
     assert ChainBudget(None, k=4).best_prefix([0.1, 0.1]) == 2
+
+
+def test_confidence_calibration_starts_at_identity_and_learns():
+    c = ConfidenceCalibration()
+    assert abs(c(0.25) - 0.25) < 1e-9 and abs(c(0.97) - 0.95) < 1e-9 and abs(c(1.0) - 0.95) < 1e-9
+    for _ in range(60):  # a near copy of the target: drafts of confidence 0.2-0.3 are always accepted
+        c.observe([0.25, 0.95], verified=2, accepted=2)
+    assert c(0.22) > 0.9
+    assert abs(c(0.55) - 0.55) < 1e-9  # unobserved deciles keep their prior
+
+
+def test_confidence_calibration_observes_only_up_to_the_first_rejection():
+    c = ConfidenceCalibration()
+    for _ in range(60):
+        c.observe([0.95, 0.45, 0.15], verified=3, accepted=1)  # the second draft rejected
+    assert c(0.95) > 0.9 and c(0.45) < 0.1
+    assert abs(c(0.15) - 0.15) < 1e-9  # after the rejection: never tested on its own
+    c2 = ConfidenceCalibration()
+    c2.observe([0.15, 0.15], verified=1, accepted=1)  # a prefix verified: the unverified draft is not seen
+    assert c2(0.15) > 0.15 and c2.rates.tries[1] > c2.rates.tries[2]
+
+
+def test_best_prefix_trusts_a_draft_whose_low_confidences_are_accepted():
+    b = ChainBudget(profile([1.0, 1.5, 1.8, 2.1, 2.4]), k=4)
+    assert b.best_prefix([0.3, 0.25, 0.3]) == 0  # at face value, verifying them does not pay
+    for _ in range(60):
+        b.update(proposed=3, accepted=3, confidences=[0.3, 0.25, 0.3])
+    assert b.best_prefix([0.3, 0.25, 0.3]) == 3

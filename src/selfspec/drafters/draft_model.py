@@ -32,10 +32,11 @@ class DraftModelConfig:
                                   "with the same tokenizer (required)", flag="--draft-model")
     k: int = option(8, "the longest draft; every draft when auto_k is off (--fixed-k)", flag="--k")
     auto_k: bool = option(True, "size each draft from the measured verify-cost profile, draft cost and "
-                                "acceptance, up to k: stop drafting once the product of the draft's confidences "
-                                "falls below min_confidence and verify the prefix with the most expected tokens "
-                                "per unit of verify cost", flag="--fixed-k", value=False)
-    min_confidence: float = option(0.3, "with auto_k: the confidence product below which drafting stops")
+                                "acceptance, up to k: stop drafting once the product of the draft's calibrated "
+                                "confidences falls below min_confidence and verify the prefix with the most expected "
+                                "tokens per unit of verify cost", flag="--fixed-k", value=False)
+    min_confidence: float = option(0.3, "with auto_k: the calibrated confidence product below which "
+                                                 "drafting stops")
 
     def __post_init__(self) -> None:
         check_numbers(self, "draft-model")
@@ -92,6 +93,7 @@ class DraftModelDrafter:
         self.length = 0  # committed tokens whose KV the draft cache holds
         self._last_draft_s = 0.0
         self._drafted = 0  # tokens drafted this step (some may not be verified)
+        self._confidences: list[float] = []  # their draft confidences
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         """Run the draft over the prompt now, so each step only catches up on a few tokens and
@@ -135,12 +137,13 @@ class DraftModelDrafter:
                 qs.append(q)
             tokens.append(x)
             confidences.append(conf)
-            p_all *= conf
+            p_all *= self.budget.calibration(conf)
             if i < k - 1 and p_all >= self.min_confidence:
                 logits = self._forward([x])
             else:
                 break
         self._drafted = len(tokens)
+        self._confidences = confidences
         keep = self.budget.best_prefix(confidences)
         tokens, qs = tokens[:keep], qs[:keep]
         self._last_draft_s = watch.elapsed()
@@ -155,7 +158,8 @@ class DraftModelDrafter:
         kv_cache.truncate(self.cache, self.length)
         if self._drafted:
             seconds = None if state.rejection else self._last_draft_s  # rejection: no wall clock
-            self.budget.update(proposal.tree.size - 1, verdict.num_accepted, seconds, self._drafted)
+            self.budget.update(proposal.tree.size - 1, verdict.num_accepted, seconds, self._drafted,
+                               self._confidences)
         self._drafted = 0
 
 

@@ -13,7 +13,8 @@ The draft is the target itself with some attention and MLP sub-layers skipped
      is below gamma; gamma follows the acceptance rate (:class:`GammaExit`); at most K drafts.
    - ``cost``: the cost-aware budget of :mod:`selfspec.drafters.budget`: draft length from the
      measured verify cost profile, the measured draft cost and the acceptance seen so far; stop
-     when the product of confidences falls below ``min_confidence``; verify the best prefix.
+     when the product of calibrated confidences (the chance, learned from verification, that a
+     draft of that confidence is accepted) falls below ``min_confidence``; verify the best prefix.
    With ``auto_k`` both back off to plain decoding (no draft, occasional probes) when the
    measured acceptance and costs say drafting does not pay.
 3. Verification is the ordinary full-model verify of the decode loop: greedy ids are those of
@@ -62,7 +63,8 @@ class SelfSpecConfig:
                                  "every draft when auto_k is off (--fixed-k) and draft_exit is cost", flag="--k")
     auto_k: bool = option(True, "back off to plain decoding when drafting does not pay (measured cost profile), "
                                 "and with the cost exit size each draft from it", flag="--fixed-k", value=False)
-    min_confidence: float = option(0.3, "cost exit: stop once the product of draft confidences falls below this")
+    min_confidence: float = option(0.3, "cost exit: stop once the estimated chance that every draft is accepted "
+                                             "(the product of calibrated draft confidences) falls below this")
     gamma0: float | None = option(None, "override the skip config's initial gamma (gamma exit)")
     alpha: float | None = option(None, "override the skip config's target acceptance alpha (gamma exit)")
     draft_vocab: int = option(-1, DRAFT_VOCAB_HELP, flag="--draft-vocab")
@@ -176,6 +178,7 @@ class SelfSpecDrafter:
         self.lm_head = lm_head
         self.switch = switch
         self._drafted = 0
+        self._confidences: list[float] = []
         self._last_draft_s = 0.0
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
@@ -216,7 +219,7 @@ class SelfSpecDrafter:
                         conf = float(logits.softmax(-1)[x]) if self.draft_exit == "gamma" else float(q[x])
                     tokens.append(x)
                     confidences.append(conf)
-                    p_all *= conf
+                    p_all *= self.budget.calibration(conf)
                     if self.draft_exit == "gamma" and self.gamma.stop(conf):
                         break
                     if self.draft_exit == "cost" and p_all < self.min_confidence:
@@ -224,6 +227,7 @@ class SelfSpecDrafter:
         finally:
             kv_cache.truncate(state.cache, base)  # draft KV never reaches the committed cache
         self._drafted = len(tokens)
+        self._confidences = confidences
         if self.draft_exit == "cost" and self.auto_k:
             keep = self.budget.best_prefix(confidences)
             tokens, qs = tokens[:keep], qs[:keep]
@@ -235,7 +239,7 @@ class SelfSpecDrafter:
         verified = proposal.tree.size - 1
         if self._drafted:
             seconds = None if state.rejection else self._last_draft_s  # rejection: no wall clock
-            self.budget.update(verified, verdict.num_accepted, seconds, self._drafted)
+            self.budget.update(verified, verdict.num_accepted, seconds, self._drafted, self._confidences)
             self.gamma.update(verdict.num_accepted, verified)
         self._drafted = 0
 
