@@ -129,3 +129,18 @@ def test_backoff_stops_drafting_when_it_does_not_pay_and_probes():
     never = Backoff(t1=None)
     never.record(1, 100.0)
     assert never.draft_now()
+
+
+def test_best_size_uses_the_calibrated_acceptance():
+    from selfspec.drafters.budget import ConfidenceCalibration
+
+    probs = torch.tensor([0.35, 0.32, 0.31, 0.3])
+    profile = CostProfile((1, 2, 5), (0.1, 0.15, 0.3), 256, "k")
+    assert best_size(probs, 0.02, profile, 64) == 0  # at face value the nodes do not pay
+    cal = ConfidenceCalibration()
+    for _ in range(60):  # nodes of path probability 0.3-0.4 turn out to be accepted
+        cal.observe_one(0.33, True)
+    assert best_size(probs, 0.02, profile, 64, cal) == 4
+    for _ in range(200):  # and then they stop being accepted
+        cal.observe_one(0.33, False)
+    assert best_size(probs, 0.02, profile, 64, cal) == 0

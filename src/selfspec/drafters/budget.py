@@ -176,6 +176,18 @@ class ConfidenceCalibration:
         """The estimated acceptance of a draft of this confidence."""
         return self.rates.rate(self._bin(confidence))
 
+    def table(self) -> list[float]:
+        """The current estimate of each decile, lowest first (for vectorised lookups)."""
+        return self.rates.rates()
+
+    def bins(self, confidence: float) -> int:
+        """The decile of a confidence."""
+        return self._bin(confidence)
+
+    def observe_one(self, confidence: float, hit: bool) -> None:
+        """One draft of this confidence was tested and accepted or not."""
+        self.rates.observe(self._bin(confidence), hit)
+
     def observe(self, confidences: Sequence[float], verified: int, accepted: int) -> None:
         """One verified chain: its first ``verified`` drafts (confidences in draft order) were
         checked and the first ``accepted`` of them kept."""

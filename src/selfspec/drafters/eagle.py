@@ -12,9 +12,11 @@ Each step:
    ``depth`` times, the current k frontier nodes are run through the head (each with its
    parent's output feature), each gets its top-k children scored by cumulative log-probability,
    and the global top-k become the next frontier. With a cost profile, expansion also stops
-   when the next level cannot pay for itself: it adds at most the frontier's summed path
-   probability in expected tokens, worth that many ar steps T(1), against the measured time of
-   a level. Expansion KV is written after the stable cache
+   when the next level cannot pay for itself: it adds at most the frontier's summed acceptance
+   chance in expected tokens, worth that many ar steps T(1), against the measured time of
+   a level. Acceptance chances are draft path probabilities calibrated online: the acceptance
+   that verification showed for nodes of that path probability (per decile, from the identity).
+   Expansion KV is written after the stable cache
    (each node sees the context plus its ancestors) and truncated away afterwards.
 3. *Rerank*: the best nodes by cumulative score (ties broken so a node ranks after its
    ancestors; the chosen set is parent-closed, asserted) form the tree, sized by the measured
@@ -43,7 +45,7 @@ from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, target_features
-from .budget import PLAIN_RATE, Backoff, best_rate
+from .budget import PLAIN_RATE, Backoff, ConfidenceCalibration, best_rate
 from .spec import BuildContext, MethodSpec, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
 
@@ -117,14 +119,28 @@ def rerank(pool: Pool, pending: int, n: int) -> tuple[DraftTree, torch.Tensor]:
     return DraftTree(tokens, torch.tensor(parents, dtype=torch.long)), idx
 
 
-def best_size(path_probs: torch.Tensor, draft_s: float, profile: CostProfile | None, max_tokens: int) -> int:
-    """Drafted nodes to verify: maximise (1 + sum of the n best path probabilities) / (draft time
-    + T(n + 1)). Path probabilities of the draft stand in for acceptance probabilities (EAGLE-2's
-    observation that draft confidence tracks acceptance); without a profile: ``max_tokens - 1``."""
+def calibrated(path_probs: torch.Tensor, calibration: ConfidenceCalibration | None) -> torch.Tensor:
+    """``[P]`` chances that each node is accepted: its draft path probability mapped through
+    ``calibration`` (None: the path probability itself, EAGLE-2's assumption)."""
+    if calibration is None:
+        return path_probs
+    table = torch.tensor(calibration.table(), dtype=path_probs.dtype)
+    idx = (path_probs * ConfidenceCalibration.BINS).long().clamp_(0, ConfidenceCalibration.BINS - 1)
+    return table[idx]
+
+
+def best_size(path_probs: torch.Tensor, draft_s: float, profile: CostProfile | None, max_tokens: int,
+              calibration: ConfidenceCalibration | None = None) -> int:
+    """Drafted nodes to verify: maximise (1 + sum of the acceptance chances of the n best nodes)
+    / (draft time + T(n + 1)). Nodes rank by draft path probability (the rerank order); their
+    acceptance chances are those path probabilities through ``calibration`` (what verification
+    showed for nodes of that path probability; None: EAGLE-2's assumption that draft confidence
+    is the acceptance). Without a profile: ``max_tokens - 1``."""
     cap = min(int(path_probs.numel()), max_tokens - 1)
     if profile is None:
         return cap
-    gains = torch.sort(path_probs, descending=True).values.cumsum(0).tolist()
+    ranked = torch.sort(path_probs, descending=True).values
+    gains = calibrated(ranked, calibration).cumsum(0).tolist()
     # in seconds: drafting is spent either way, so a plain step yields 1 token in draft_s + T(1)
     best_n, rate = best_rate([1.0 + g for g in gains[:cap]], lambda n: draft_s + profile.t1 * profile.ratio(n + 1))
     return best_n if rate > PLAIN_RATE / (draft_s + profile.t1) else 0
@@ -162,6 +178,9 @@ class EagleDrafter:
         self.length = 0  # draft positions in the stable cache
         self.features: torch.Tensor | None = None  # [m, H] true features of positions not yet encoded
         self.backoff = Backoff(profile.t1 if profile is not None and cfg.backoff else None)
+        # acceptance of a tree node against its draft path probability, learned from verification
+        self.calibration = ConfidenceCalibration()
+        self._path_probs: list[float] = []  # of the proposed tree's drafted nodes, tree order
         self._watch: Stopwatch | None = None  # started when a timed drafted step began drafting
 
     # -- state ---------------------------------------------------------------------------------
@@ -176,6 +195,10 @@ class EagleDrafter:
         idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
         new = target_features(self.head, out.hidden, idx).to(self.dtype)  # root + accepted drafts
         self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
+        accepted = set(verdict.accepted_nodes)
+        for i, p in enumerate(self._path_probs):  # every drafted node: on the accepted path or not
+            self.calibration.observe_one(p, i + 1 in accepted)
+        self._path_probs = []
         if self._watch is not None and not state.rejection:  # a drafted step: its cost (draft + verify) and yield
             self.backoff.record(verdict.num_accepted + 1, self._watch.elapsed())
             self._watch = None
@@ -251,9 +274,10 @@ class EagleDrafter:
         for _ in range(cfg.depth):
             if math.exp(float(f_score.max())) < cfg.min_prob:
                 break
-            # the next level adds at most sum(frontier path probabilities) expected tokens; stop
-            # when even that is worth less than the level costs (one ar step per token)
-            if priced and level_s > 0 and float(f_score.exp().sum()) * self.profile.t1 < level_s:
+            # the next level adds at most the frontier's summed acceptance chances in expected
+            # tokens; stop when even that is worth less than the level costs (one ar step per token)
+            frontier = float(calibrated(f_score.exp(), self.calibration).sum())
+            if priced and level_s > 0 and frontier * self.profile.t1 < level_s:
                 break
             watch = Stopwatch(self.device) if priced else None
             out = self._run(f_feat, f_tok, level_pos.fill_(position), tmask)
@@ -285,11 +309,12 @@ class EagleDrafter:
             n = self.cfg.total_tokens - 1
         else:
             spent = 0.0 if watch is None else watch.elapsed()  # rejection: no wall clock
-            n = best_size(pool.scores.exp(), spent, self.profile, self.cfg.max_tokens)
+            n = best_size(pool.scores.exp(), spent, self.profile, self.cfg.max_tokens, self.calibration)
         n = min(n, pool.scores.numel())
         if n == 0:
             return Proposal(DraftTree.chain([state.pending]))
-        tree, _ = rerank(pool, state.pending, n)
+        tree, chosen = rerank(pool, state.pending, n)
+        self._path_probs = pool.scores[chosen].exp().tolist()
         self._watch = watch
         return Proposal(tree)
 
