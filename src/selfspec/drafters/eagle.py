@@ -70,6 +70,9 @@ class EagleConfig:
                                  "steps commit fewer tokens per second than plain decoding would (1 / T(1)), with a "
                                  "probe draft every 8 steps, doubling up to 64 while drafts keep not paying")
     draft_vocab: int = option(-1, DRAFT_VOCAB_HELP, flag="--draft-vocab")
+    calibrate: bool = option(True, "size trees by draft path probabilities calibrated online against what "
+                                   "verification accepted (off: EAGLE-2's raw draft confidence)",
+                             flag="--raw-confidence", value=False)
 
     def __post_init__(self) -> None:
         check_numbers(self, "eagle2/hass")
@@ -179,7 +182,7 @@ class EagleDrafter:
         self.features: torch.Tensor | None = None  # [m, H] true features of positions not yet encoded
         self.backoff = Backoff(profile.t1 if profile is not None and cfg.backoff else None)
         # acceptance of a tree node against its draft path probability, learned from verification
-        self.calibration = ConfidenceCalibration()
+        self.calibration = ConfidenceCalibration() if cfg.calibrate else None
         self._path_probs: list[float] = []  # of the proposed tree's drafted nodes, tree order
         self._watch: Stopwatch | None = None  # started when a timed drafted step began drafting
 
@@ -195,9 +198,10 @@ class EagleDrafter:
         idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
         new = target_features(self.head, out.hidden, idx).to(self.dtype)  # root + accepted drafts
         self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
-        accepted = set(verdict.accepted_nodes)
-        for i, p in enumerate(self._path_probs):  # every drafted node: on the accepted path or not
-            self.calibration.observe_one(p, i + 1 in accepted)
+        if self.calibration is not None:
+            accepted = set(verdict.accepted_nodes)
+            for i, p in enumerate(self._path_probs):  # every drafted node: on the accepted path or not
+                self.calibration.observe_one(p, i + 1 in accepted)
         self._path_probs = []
         if self._watch is not None and not state.rejection:  # a drafted step: its cost (draft + verify) and yield
             self.backoff.record(verdict.num_accepted + 1, self._watch.elapsed())
