@@ -144,3 +144,21 @@ def test_best_size_uses_the_calibrated_acceptance():
     for _ in range(200):  # and then they stop being accepted
         cal.observe_one(0.33, False)
     assert best_size(probs, 0.02, profile, 64, cal) == 0
+
+
+def test_backoff_compares_with_measured_plain_steps():
+    from selfspec.drafters.budget import Backoff
+
+    b = Backoff(t1=0.1, min_steps=2)
+    for _ in range(3):  # 2 tokens in 0.25 s: slower than the bare T(1) of the profile
+        b.record(2, 0.25)
+    assert b.off
+    for _ in range(5):  # but a plain step of the loop takes 0.15 s, not 0.1
+        b.record_plain(0.15)
+    b.record(2, 0.25)  # the next probe: 8 tokens/s beats 6.7
+    assert not b.off and b.draft_now()
+    slow = Backoff(t1=0.1, min_steps=2)
+    slow.record_plain(0.11)
+    for _ in range(3):
+        slow.record(2, 0.25)
+    assert slow.off  # against a measured 0.11 s plain step drafting does not pay

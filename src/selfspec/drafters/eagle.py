@@ -184,7 +184,8 @@ class EagleDrafter:
         # acceptance of a tree node against its draft path probability, learned from verification
         self.calibration = ConfidenceCalibration() if cfg.calibrate else None
         self._path_probs: list[float] = []  # of the proposed tree's drafted nodes, tree order
-        self._watch: Stopwatch | None = None  # started when a timed drafted step began drafting
+        self._watch: Stopwatch | None = None  # started when a timed step began (drafted or backed off)
+        self._drafted = False  # whether this step ran the head
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -203,8 +204,11 @@ class EagleDrafter:
             for i, p in enumerate(self._path_probs):  # every drafted node: on the accepted path or not
                 self.calibration.observe_one(p, i + 1 in accepted)
         self._path_probs = []
-        if self._watch is not None and not state.rejection:  # a drafted step: its cost (draft + verify) and yield
-            self.backoff.record(verdict.num_accepted + 1, self._watch.elapsed())
+        if self._watch is not None and not state.rejection:  # its cost (draft + verify) and yield
+            if proposal.tree.size > 1 or self._drafted:
+                self.backoff.record(verdict.num_accepted + 1, self._watch.elapsed())
+            else:  # a plain step: what drafting must beat
+                self.backoff.record_plain(self._watch.elapsed())
             self._watch = None
 
     # -- drafting ------------------------------------------------------------------------------
@@ -302,10 +306,13 @@ class EagleDrafter:
         return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents))
 
     def propose(self, state: DecodeState) -> Proposal:
-        if state.draft_room == 0 or not self.backoff.draft_now():
-            return Proposal(DraftTree.chain([state.pending]))
         # timed only where the clock sizes something: never under rejection sampling
         watch = Stopwatch(self.device) if self.profile is not None and not state.rejection else None
+        self._drafted = False
+        if state.draft_room == 0 or not self.backoff.draft_now():
+            self._watch = watch if self.backoff.off else None  # a backed-off plain step, measured
+            return Proposal(DraftTree.chain([state.pending]))
+        self._drafted = True
         h_last = self.catch_up(state.ids)
         pool = self.expand(h_last, self.length, state)
         kv_cache.truncate(self.cache, self.length)
@@ -315,11 +322,11 @@ class EagleDrafter:
             spent = 0.0 if watch is None else watch.elapsed()  # rejection: no wall clock
             n = best_size(pool.scores.exp(), spent, self.profile, self.cfg.max_tokens, self.calibration)
         n = min(n, pool.scores.numel())
+        self._watch = watch  # drafted, even if nothing is verified: the drafting was paid for
         if n == 0:
             return Proposal(DraftTree.chain([state.pending]))
         tree, chosen = rerank(pool, state.pending, n)
         self._path_probs = pool.scores[chosen].exp().tolist()
-        self._watch = watch
         return Proposal(tree)
 
 
