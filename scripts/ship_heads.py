@@ -29,7 +29,7 @@ def main(model: str, methods: list[str]) -> None:
         dst = Path("src/selfspec/data/heads") / f"{model}-{method}"
         dst.mkdir(parents=True, exist_ok=True)
         state = {k: (v.half() if v.is_floating_point() else v).contiguous()  # d2t / t2d maps keep their dtypes
-             for k, v in load_file(str(src / "model.safetensors")).items()}
+                 for k, v in load_file(str(src / "model.safetensors")).items()}
         save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
         shutil.copy(src / "config.json", dst / "config.json")
         meta = json.loads((src / "selfspec_head.json").read_text())

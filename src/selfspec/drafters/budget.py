@@ -180,10 +180,6 @@ class ConfidenceCalibration:
         """The current estimate of each decile, lowest first (for vectorised lookups)."""
         return self.rates.rates()
 
-    def bins(self, confidence: float) -> int:
-        """The decile of a confidence."""
-        return self._bin(confidence)
-
     def observe_one(self, confidence: float, hit: bool) -> None:
         """One draft of this confidence was tested and accepted or not."""
         self.rates.observe(self._bin(confidence), hit)
@@ -317,9 +313,9 @@ class ChainBudget:
         """Record one step: ``accepted`` of ``proposed`` verified drafts kept; drafting
         ``drafted`` tokens (default ``proposed``) took ``draft_seconds``; ``confidences`` (draft
         order) teach the confidence calibration."""
-        if proposed > 0 and confidences is not None:
-            self.calibration.observe(confidences, proposed, accepted)
         if proposed > 0:
+            if confidences is not None:
+                self.calibration.observe(confidences, proposed, accepted)
             self.accepted = self.accepted * self.decay + accepted
             self.rejected = self.rejected * self.decay + (1 if accepted < proposed else 0)
         drafted = proposed if drafted is None else drafted

@@ -36,7 +36,7 @@ class DraftModelConfig:
                                 "confidences falls below min_confidence and verify the prefix with the most expected "
                                 "tokens per unit of verify cost", flag="--fixed-k", value=False)
     min_confidence: float = option(0.3, "with auto_k: the calibrated confidence product below which "
-                                                 "drafting stops")
+                                        "drafting stops")
 
     def __post_init__(self) -> None:
         check_numbers(self, "draft-model")

@@ -128,6 +128,7 @@ def calibrated(path_probs: torch.Tensor, calibration: ConfidenceCalibration | No
     if calibration is None:
         return path_probs
     table = torch.tensor(calibration.table(), dtype=path_probs.dtype)
+    # the decile rule of ConfidenceCalibration, vectorised
     idx = (path_probs * ConfidenceCalibration.BINS).long().clamp_(0, ConfidenceCalibration.BINS - 1)
     return table[idx]
 
@@ -205,7 +206,7 @@ class EagleDrafter:
                 self.calibration.observe_one(p, i + 1 in accepted)
         self._path_probs = []
         if self._watch is not None and not state.rejection:  # its cost (draft + verify) and yield
-            if proposal.tree.size > 1 or self._drafted:
+            if self._drafted:
                 self.backoff.record(verdict.num_accepted + 1, self._watch.elapsed())
             else:  # a plain step: what drafting must beat
                 self.backoff.record_plain(self._watch.elapsed())
@@ -284,9 +285,10 @@ class EagleDrafter:
                 break
             # the next level adds at most the frontier's summed acceptance chances in expected
             # tokens; stop when even that is worth less than the level costs (one ar step per token)
-            frontier = float(calibrated(f_score.exp(), self.calibration).sum())
-            if priced and level_s > 0 and frontier * self.profile.t1 < level_s:
-                break
+            if priced and level_s > 0:
+                frontier = float(calibrated(f_score.exp(), self.calibration).sum())
+                if frontier * self.profile.t1 < level_s:
+                    break
             watch = Stopwatch(self.device) if priced else None
             out = self._run(f_feat, f_tok, level_pos.fill_(position), tmask)
             position += 1

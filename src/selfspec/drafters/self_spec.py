@@ -64,7 +64,7 @@ class SelfSpecConfig:
     auto_k: bool = option(True, "back off to plain decoding when drafting does not pay (measured cost profile), "
                                 "and with the cost exit size each draft from it", flag="--fixed-k", value=False)
     min_confidence: float = option(0.3, "cost exit: stop once the estimated chance that every draft is accepted "
-                                             "(the product of calibrated draft confidences) falls below this")
+                                        "(the product of calibrated draft confidences) falls below this")
     gamma0: float | None = option(None, "override the skip config's initial gamma (gamma exit)")
     alpha: float | None = option(None, "override the skip config's target acceptance alpha (gamma exit)")
     draft_vocab: int = option(-1, DRAFT_VOCAB_HELP, flag="--draft-vocab")
