@@ -46,7 +46,7 @@ def url(host: str, port: int) -> str:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (port 0: a free one), or a one-line error."""
+    """A TCP socket bound to ``host:port`` (port 0: a free one) and listening, or a one-line error."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                           flags=socket.AI_PASSIVE)[0]
@@ -60,6 +60,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise SelfspecError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port "
                             "(0 picks a free one)") from None
+    sock.listen(2048)  # connections queue from here on, so "listening on" is true once it is printed
     sock.set_inheritable(True)
     return sock
 
