@@ -117,18 +117,51 @@ def test_backoff_stops_drafting_when_it_does_not_pay_and_probes():
         b.record(1, 2.0) if _ % 2 else b.record(2, 2.0)
     assert b.off
     pattern = [b.draft_now() for _ in range(8)]
-    assert pattern == [False] * 7 + [True]  # a probe after 8 steps
+    assert pattern == [False] * 7 + [True]  # a probe after 8 steps: a burst of 4 drafted steps
+    for _ in range(3):
+        b.record(1, 2.0)
+        assert b.draft_now()  # the burst goes on, however its steps look
     b.record(1, 2.0)  # still does not pay: the interval doubles
     assert b.off and b.probe_every == 16
     for _ in range(15):
         assert not b.draft_now()
     assert b.draft_now()
-    for _ in range(6):
-        b.record(6, 1.0)  # now drafts pay: drafting resumes
-    assert not b.off and b.draft_now()
+    for _ in range(4):
+        b.record(6, 1.0)  # now drafts pay: drafting resumes at the end of the burst
+    assert not b.off and b.draft_now() and b.probe_every == 8
     never = Backoff(t1=None)
     never.record(1, 100.0)
     assert never.draft_now()
+
+
+def test_backoff_decides_on_runs_of_steps_and_clips_spikes():
+    from selfspec.drafters.budget import Backoff
+
+    b = Backoff(t1=1.0, min_steps=4)
+    b.record_plain(1.0)
+    for _ in range(3):
+        b.record(2, 1.5)  # 1.33 tokens/s: pays
+    b.record(1, 30.0)  # a 30 s spike counts as 3 plain steps: 7 tokens in 7.5 s... still under 1/s
+    assert b.off
+    b = Backoff(t1=1.0, min_steps=4)
+    b.record_plain(1.0)
+    for _ in range(4):
+        b.record(3, 1.5)
+    b.record(1, 30.0)  # unclipped, 30 s would switch drafting off; clipped it does not
+    assert not b.off
+    # once switched back on after a probe, one bad step does not switch it off again
+    c = Backoff(t1=1.0, min_steps=4)
+    c.record_plain(1.0)
+    for _ in range(4):
+        c.record(1, 2.0)
+    assert c.off
+    while not c.draft_now():
+        pass
+    for _ in range(4):
+        c.record(4, 1.2)
+    assert not c.off
+    c.record(1, 2.0)
+    assert not c.off  # 1 of the 4 steps a decision needs since drafting resumed
 
 
 def test_best_size_uses_the_calibrated_acceptance():

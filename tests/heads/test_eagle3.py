@@ -294,9 +294,14 @@ def test_random_eagle3_heads_match_generate(target, references, case):
 
 @pytest.mark.parametrize("kernels", ["onednn", "int8"])
 def test_eagle3_head_on_other_kernels_matches_generate(tiny_dir, kernels):
-    """The head's LM head runs on the target's backend (as EAGLE-2 heads' subsets); output unchanged."""
+    """The head's LM head and its layer run on the target's backend (as EAGLE-2 heads' subsets);
+    output unchanged."""
+    from selfspec.kernels.swap import linear_layers
+
     t = load_model(str(tiny_dir), kernels=kernels)
     g = selfspec.load(t, "hass", self_test=False, **CASES["fixed-tree"])
-    assert type(g.drafter.lm_head.lm).__name__ == {"onednn": "OneDNNLinear", "int8": "Int8Linear"}[kernels]
+    name = {"onednn": "OneDNNLinear", "int8": "Int8Linear"}[kernels]
+    assert type(g.drafter.lm_head.lm).__name__ == name
+    assert {type(layer).__name__ for _, _, layer in linear_layers(g.drafter.head)} == {name}
     for p in PROMPTS[1:3]:
         assert g.generate(p, max_new_tokens=MAX_NEW).token_ids == hf_greedy(t.model, p, MAX_NEW)

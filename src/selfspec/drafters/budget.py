@@ -203,10 +203,21 @@ class Backoff:
     drafted, 1.04x `ar`, against 1.22x drafting every step). Until a plain step is measured the
     profile's T(1) stands in.
 
+    One drafted step is a noisy sample: with depth-1 acceptance near 0.5 it commits 1 token about
+    half the time, and a step now and then costs several T(1) (a kernel meeting a new tree size
+    for the first time, a long prompt's catch-up). So decisions are taken on runs of steps, not on
+    one: drafting is switched off only after ``min_steps`` drafted steps since it was last
+    switched on, a probe is a burst of ``min_steps`` drafted steps judged at its end, and a step's
+    seconds count at most :data:`OUTLIER` plain steps (a spike still says "does not pay" unless
+    the step committed that many tokens).
+
     Args:
         t1: seconds of a one-token verify (the ar step), or None to always draft.
-        min_steps: drafted steps measured before drafting may be switched off.
+        min_steps: drafted steps behind every decision (and the length of a probe burst).
     """
+
+    OUTLIER = 3.0
+    """A drafted step's measured seconds count at most this many plain steps."""
 
     def __init__(self, t1: float | None, min_steps: int = 4, first_probe: int = FIRST_PROBE,
                  max_probe: int = MAX_PROBE) -> None:
@@ -215,7 +226,8 @@ class Backoff:
         self.schedule = ProbeSchedule(first_probe, max_probe)
         self.tokens = self.seconds = 0.0  # exponential moving sums over drafted steps
         self.plain_seconds = 0.0  # moving estimate of a measured plain step (0: none yet)
-        self.steps = 0
+        self.steps = 0  # drafted steps since drafting was switched on (or since the probe began)
+        self.burst = 0  # drafted steps left in the current probe
         self.off = False
 
     @property
@@ -223,7 +235,13 @@ class Backoff:
         return self.schedule.every
 
     def draft_now(self) -> bool:
-        return not self.off or self.schedule.due()
+        """Whether to draft this step (called once per step that has room to draft)."""
+        if not self.off or self.burst > 0:
+            return True
+        if self.schedule.due():
+            self.burst = self.min_steps
+            return True
+        return False
 
     def record_plain(self, seconds: float) -> None:
         """One plain step (the pending token verified alone) took ``seconds``, timed like drafted
@@ -237,16 +255,18 @@ class Backoff:
         """One drafted step committed ``committed`` tokens in ``seconds`` (draft + verify)."""
         if self.t1 is None:
             return
+        plain = self.plain_seconds or self.t1
         self.tokens = COST_EMA * self.tokens + committed
-        self.seconds = COST_EMA * self.seconds + seconds
+        self.seconds = COST_EMA * self.seconds + min(seconds, self.OUTLIER * plain)
         self.steps += 1
-        pays = self.tokens / self.seconds >= 1.0 / (self.plain_seconds or self.t1)
-        if self.off:  # a probe
-            self.off = not pays
-            if pays:
+        pays = self.tokens / self.seconds >= 1.0 / plain
+        if self.off:  # a probe burst: judged at its end
+            self.burst = max(self.burst - 1, 0)
+            if self.burst == 0 and pays:
+                self.off, self.steps = False, 0
                 self.schedule.pays()
         elif self.steps >= self.min_steps and not pays:
-            self.off, self.schedule.since = True, 0
+            self.off, self.schedule.since, self.steps = True, 0, 0
 
 
 class ChainBudget:

@@ -67,8 +67,9 @@ class EagleConfig:
     max_tokens: int = option(64, "largest tree considered when total_tokens is 0")
     min_prob: float = option(0.02, "stop expanding once no frontier path has draft probability above this")
     backoff: bool = option(True, "with a cost profile, verify only the pending token while measured drafting "
-                                 "steps commit fewer tokens per second than plain decoding would (1 / T(1)), with a "
-                                 "probe draft every 8 steps, doubling up to 64 while drafts keep not paying")
+                                 "steps commit fewer tokens per second than measured plain steps, judged over runs "
+                                 "of 4 drafted steps; a probe of 4 drafted steps every 8 plain ones, the interval "
+                                 "doubling up to 64 while drafts keep not paying")
     draft_vocab: int = option(-1, DRAFT_VOCAB_HELP, flag="--draft-vocab")
     calibrate: bool = option(True, "size trees by draft path probabilities calibrated online against what "
                                    "verification accepted (off: EAGLE-2's raw draft confidence)",
@@ -396,8 +397,10 @@ def draft_lm_head(target, head: EagleHead | Eagle3Head, size: int) -> DraftLMHea
 
 def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> EagleDrafter:
     from ..core.cost import load_or_measure
+    from ..kernels.backends import convert_linears
 
     head, source = load_head_for(target, cfg, spec.name)
+    convert_linears(head, target.backend)  # the head's layer on the target's kernels, like its LM head
     profile = None if cfg.total_tokens else load_or_measure(target.model, target.name, target.backend)
     return EagleDrafter(spec.name, target.model, head, cfg, profile, source,
                         draft_lm_head(target, head, cfg.draft_vocab))

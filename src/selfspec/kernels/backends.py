@@ -12,7 +12,7 @@ from .int8 import Int8Linear
 from .int8 import apply as apply_int8
 from .onednn import OneDNNLinear
 from .onednn import apply as apply_onednn
-from .swap import restore_attention, restore_linears
+from .swap import SwappedLinear, original_of, restore_attention, restore_linears, swap_linears
 
 
 def use_backend(model: nn.Module, kernels: str, keep: bool = False) -> None:
@@ -30,9 +30,25 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False) -> None:
 
 def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:
     """One stand-alone ``nn.Linear`` on concrete backend ``kernels`` (e.g. a draft LM head over a
-    reduced vocabulary, which lives outside the model). Same call signature as ``layer``."""
+    reduced vocabulary, which lives outside the model). Same call signature as ``layer``; a layer
+    already on ``kernels`` is returned as it is, one on another backend is converted from its
+    original."""
+    if isinstance(layer, SwappedLinear) and layer.backend == kernels:
+        return layer
+    layer = original_of(layer)
     if kernels == "onednn":
         return OneDNNLinear(layer)
     if kernels == "int8":
         return Int8Linear(layer)
     return layer
+
+
+def convert_linears(module: nn.Module, kernels: str) -> None:
+    """Every linear layer of a stand-alone module (e.g. an EAGLE draft head, which lives outside
+    the model) on concrete backend ``kernels``, in place; its attention is left as it is. On CPU
+    the head's one layer costs 2.8 ms per token on stock kernels against 1.3 ms prepacked
+    (SmolLM2 head, 2 threads): drafts follow the target's backend, as its LM head does."""
+    if kernels == "onednn":
+        swap_linears(module, OneDNNLinear)
+    elif kernels == "int8":
+        swap_linears(module, Int8Linear)
