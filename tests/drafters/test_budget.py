@@ -67,10 +67,10 @@ def test_best_prefix_skips_expensive_block_sizes():
 
 def test_confidence_calibration_starts_at_identity_and_learns():
     c = ConfidenceCalibration()
-    assert abs(c(0.25) - 0.25) < 1e-9 and abs(c(0.97) - 0.95) < 1e-9 and abs(c(1.0) - 0.95) < 1e-9
+    assert abs(c(0.25) - 0.25) < 1e-9 and abs(c(0.97) - 0.97) < 1e-9 and abs(c(1.0) - 1.0) < 1e-9
     for _ in range(60):  # a near copy of the target: drafts of confidence 0.2-0.3 are always accepted
         c.observe([0.25, 0.95], verified=2, accepted=2)
-    assert c(0.22) > 0.9
+    assert c(0.22) > 0.85 and c(0.25) > 0.95  # within the decile, in proportion to confidence
     assert abs(c(0.55) - 0.55) < 1e-9  # unobserved deciles keep their prior
 
 
@@ -82,7 +82,23 @@ def test_confidence_calibration_observes_only_up_to_the_first_rejection():
     assert abs(c(0.15) - 0.15) < 1e-9  # after the rejection: never tested on its own
     c2 = ConfidenceCalibration()
     c2.observe([0.15, 0.15], verified=1, accepted=1)  # a prefix verified: the unverified draft is not seen
-    assert c2(0.15) > 0.15 and c2.rates.tries[1] > c2.rates.tries[2]
+    c3 = ConfidenceCalibration()
+    c3.observe_one(0.15, True)
+    assert c2(0.15) > 0.15 and (c2.hits, c2.mass) == (c3.hits, c3.mass)
+
+
+def test_confidence_calibration_scales_within_a_decile():
+    """A decile's estimate is a ratio: drafts far below the ones that were verified are not given
+    their acceptance (EAGLE tree tails of path probability 0.001 are not worth 0.04 each)."""
+    c = ConfidenceCalibration()
+    for _ in range(200):  # drafts near 0.09 accepted 4 times in 10
+        c.observe_one(0.09, _ % 10 < 4)
+    assert abs(c(0.09) - 0.4) < 0.05
+    assert c(0.001) < 0.005 and c(0.045) < 0.21
+    for _ in range(200):  # a near copy: drafts of confidence 0.25 always accepted
+        c.observe_one(0.25, True)
+    assert c(0.25) > 0.95 and c(0.29) == 1.0  # capped at 1
+    assert c.ratio(2) <= 1 / 0.25
 
 
 def test_best_prefix_trusts_a_draft_whose_low_confidences_are_accepted():

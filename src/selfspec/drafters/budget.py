@@ -158,37 +158,53 @@ class ConfidenceCalibration:
 
     A draft's confidence is a poor acceptance estimate when the draft is a near copy of the
     target: SmolLM2's whole-model int8 draft agrees with the target on 85% of the tokens it
-    proposes with confidence 0.2-0.3 (MT-bench). Each decile starts at its midpoint (the
-    identity, worth :data:`PRIOR_WEIGHT` observations) and follows what verification shows, with
-    :data:`RATE_DECAY` forgetting. Only the verified prefix up to the first rejection is observed:
-    drafts after a rejection were never tested on their own.
+    proposes with confidence 0.2-0.3 (MT-bench). Each decile keeps a ratio, accepted drafts per
+    unit of their summed confidence, and a draft of confidence c gets ``c`` times its decile's
+    ratio (at most 1; the ratio at most what takes the decile's midpoint to 1). A ratio, not the
+    decile's acceptance itself: in an EAGLE tree most candidates have path probabilities far
+    below 0.1, and giving each the acceptance measured for the lowest decile (0.04, from the
+    candidates near 0.1 that get verified) summed to several phantom tokens and sized 64-node
+    trees (3 T(1)) that committed 2. Ratios start at 1 (the identity, worth :data:`PRIOR_WEIGHT`
+    drafts at the midpoint) and follow what verification shows, with :data:`RATE_DECAY`
+    forgetting. Only the verified prefix up to the first rejection is observed: drafts after a
+    rejection were never tested on their own.
     """
 
     BINS = 10
 
     def __init__(self, decay: float = RATE_DECAY) -> None:
-        self.rates = DecayedRates([(i + 0.5) / self.BINS for i in range(self.BINS)], decay)
+        self.decay = decay
+        mids = [(i + 0.5) / self.BINS for i in range(self.BINS)]
+        self.hits = [PRIOR_WEIGHT * m for m in mids]  # decayed accepted drafts per decile
+        self.mass = [PRIOR_WEIGHT * m for m in mids]  # decayed summed confidence of its tested drafts
+        self.caps = [1.0 / m for m in mids]
 
     def _bin(self, confidence: float) -> int:
         return min(max(int(confidence * self.BINS), 0), self.BINS - 1)
 
+    def ratio(self, j: int) -> float:
+        """Accepted drafts per unit of confidence in decile ``j``."""
+        return min(self.hits[j] / self.mass[j], self.caps[j]) if self.mass[j] > 0 else self.caps[j]
+
     def __call__(self, confidence: float) -> float:
         """The estimated acceptance of a draft of this confidence."""
-        return self.rates.rate(self._bin(confidence))
+        return min(1.0, confidence * self.ratio(self._bin(confidence)))
 
     def table(self) -> list[float]:
-        """The current estimate of each decile, lowest first (for vectorised lookups)."""
-        return self.rates.rates()
+        """Each decile's ratio, lowest first (for vectorised lookups: chance = min(1, c * ratio))."""
+        return [self.ratio(j) for j in range(self.BINS)]
 
     def observe_one(self, confidence: float, hit: bool) -> None:
         """One draft of this confidence was tested and accepted or not."""
-        self.rates.observe(self._bin(confidence), hit)
+        j = self._bin(confidence)
+        self.mass[j] = self.mass[j] * self.decay + max(confidence, 0.0)
+        self.hits[j] = self.hits[j] * self.decay + (1.0 if hit else 0.0)
 
     def observe(self, confidences: Sequence[float], verified: int, accepted: int) -> None:
         """One verified chain: its first ``verified`` drafts (confidences in draft order) were
         checked and the first ``accepted`` of them kept."""
         for j in range(min(verified, accepted + 1, len(confidences))):
-            self.rates.observe(self._bin(confidences[j]), j < accepted)
+            self.observe_one(confidences[j], j < accepted)
 
 
 class Backoff:
@@ -204,8 +220,8 @@ class Backoff:
     profile's T(1) stands in.
 
     One drafted step is a noisy sample: with depth-1 acceptance near 0.5 it commits 1 token about
-    half the time, and a step now and then costs several T(1) (a kernel meeting a new tree size
-    for the first time, a long prompt's catch-up). So decisions are taken on runs of steps, not on
+    half the time, and a step now and then costs several T(1) (a tree sized from an estimate
+    that was off, a long prompt's catch-up). So decisions are taken on runs of steps, not on
     one: drafting is switched off only after ``min_steps`` drafted steps since it was last
     switched on, a probe is a burst of ``min_steps`` drafted steps judged at its end, and a step's
     seconds count at most :data:`OUTLIER` plain steps (a spike still says "does not pay" unless

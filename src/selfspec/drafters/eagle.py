@@ -128,10 +128,10 @@ def calibrated(path_probs: torch.Tensor, calibration: ConfidenceCalibration | No
     ``calibration`` (None: the path probability itself, EAGLE-2's assumption)."""
     if calibration is None:
         return path_probs
-    table = torch.tensor(calibration.table(), dtype=path_probs.dtype)
+    ratios = torch.tensor(calibration.table(), dtype=path_probs.dtype)
     # the decile rule of ConfidenceCalibration, vectorised
     idx = (path_probs * ConfidenceCalibration.BINS).long().clamp_(0, ConfidenceCalibration.BINS - 1)
-    return table[idx]
+    return (path_probs * ratios[idx]).clamp_(max=1.0)
 
 
 def best_size(path_probs: torch.Tensor, draft_s: float, profile: CostProfile | None, max_tokens: int,
