@@ -48,7 +48,4 @@ def convert_linears(module: nn.Module, kernels: str) -> None:
     the model) on concrete backend ``kernels``, in place; its attention is left as it is. On CPU
     the head's one layer costs 2.8 ms per token on stock kernels against 1.3 ms prepacked
     (SmolLM2 head, 2 threads): drafts follow the target's backend, as its LM head does."""
-    if kernels == "onednn":
-        swap_linears(module, OneDNNLinear)
-    elif kernels == "int8":
-        swap_linears(module, Int8Linear)
+    swap_linears(module, lambda layer: convert_linear(layer, kernels))
