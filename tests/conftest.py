@@ -19,6 +19,10 @@ REAL_MODEL_THREADS = int(os.environ.get("SELFSPEC_TEST_THREADS", "1"))
 torch.set_num_threads(1)
 # Tests name their backend; those that test the product default (auto) unset this themselves.
 os.environ["SELFSPEC_KERNELS"] = "stock"
+# The device and dtype of the tiny models in the tests that honour them (greedy equivalence, the
+# sampling tests): ``SELFSPEC_TEST_DEVICE=cuda`` runs them on a GPU (``scripts/gpu_check.sh``).
+# The CPU-only kernels backends (onednn, int8) are skipped on other devices.
+TEST_DEVICE = os.environ.get("SELFSPEC_TEST_DEVICE", "cpu")
 
 VOCAB = 96
 WORDS = [f"w{i}" for i in range(VOCAB - 4)]

@@ -19,7 +19,7 @@ from selfspec.core.sampling import GumbelNoise, Warper, perturbed
 from selfspec.drafters.scripted import ScriptedDrafter
 from selfspec.models.loading import load_model
 
-from ..conftest import VOCAB, prompt_ids
+from ..conftest import TEST_DEVICE, VOCAB, prompt_ids
 
 MAX_NEW = 21
 SAMPLE = dict(temperature=0.8, top_p=0.95, seed=11, max_new_tokens=MAX_NEW, ignore_eos=True)
@@ -42,7 +42,7 @@ METHODS = {
 
 @pytest.fixture(scope="module")
 def target(tiny_dir):
-    return load_model(str(tiny_dir), kernels="stock")
+    return load_model(str(tiny_dir), device=TEST_DEVICE, kernels="stock")
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,16 @@ from selfspec.core.tree import DraftTree
 from selfspec.drafters.scripted import ScriptedDrafter
 from selfspec.models.loading import load_model
 
-from ..conftest import VOCAB, prompt_ids
+from ..conftest import TEST_DEVICE, VOCAB, prompt_ids
 
 MAX_NEW = 23  # not a multiple of the draft depth: max_new_tokens is hit mid-draft
 K = 4
 
 
 def hf_greedy(model, ids: list[int], max_new: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+    dev = next(model.parameters()).device
+    out = model.generate(torch.tensor([ids], device=dev), attention_mask=torch.ones(1, len(ids), dtype=torch.long,
+                                                                                    device=dev),
                          do_sample=False, max_new_tokens=max_new, pad_token_id=0)
     return out[0, len(ids):].tolist()
 
@@ -62,7 +64,9 @@ ALL_BACKENDS = pytest.mark.parametrize("target", [_backend(p) for p in BACKENDS]
 @pytest.fixture(scope="module", params=[_backend(p, () if p[1] == "stock" else pytest.mark.matrix) for p in BACKENDS])
 def target(request, tiny_dir, tiny_qwen_dir):
     family, kernels = request.param
-    t = load_model(str(tiny_dir if family == "llama" else tiny_qwen_dir), kernels=kernels)
+    if kernels != "stock" and TEST_DEVICE != "cpu":
+        pytest.skip(f"the {kernels} kernels run on the CPU only")
+    t = load_model(str(tiny_dir if family == "llama" else tiny_qwen_dir), device=TEST_DEVICE, kernels=kernels)
     assert t.backend == kernels
     return t
 
@@ -382,6 +386,8 @@ def test_reduced_draft_vocab_and_int8_drafts_match_generate(target, references, 
     from ..conftest import write_draft_ranking
 
     method, opts, subset = _reduced_cases()[case]
+    if "draft_kernels" in opts and TEST_DEVICE != "cpu":
+        pytest.skip("int8 drafts run on the CPU only")
     used = sorted({t for ref in references for t in ref})
     if subset == "covering":
         ranking = used

@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from selfspec.core.sampling import Warper
 from selfspec.models.loading import LoadedModel
 
-from ..conftest import tiny_model
+from ..conftest import TEST_DEVICE, tiny_model
 
 V = 6
 PROMPT = [1, 4, 3]
@@ -43,11 +43,13 @@ def target():
     model = tiny_model("llama", seed=3, layers=3, vocab=V)
     with torch.no_grad():  # milder logits than the shared fixture: many sequences have mass
         model.lm_head.weight.mul_(0.4)
+    model.to(TEST_DEVICE)
     return LoadedModel(model=model, tokenizer=None, name="tiny-v6", path=None)
 
 
 def _probs(model, warper: Warper, ids: list[int]) -> torch.Tensor:
-    return warper.probs(model(input_ids=torch.tensor([ids])).logits[0, -1].float()).double()
+    dev = next(model.parameters()).device
+    return warper.probs(model(input_ids=torch.tensor([ids], device=dev)).logits[0, -1].float()).double().cpu()
 
 
 def exact_joint(model, warper: Warper) -> torch.Tensor:

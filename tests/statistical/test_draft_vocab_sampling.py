@@ -26,7 +26,8 @@ SIZE = 3
 def subset_ranking(target, warper: Warper) -> list[int]:
     """The SIZE least likely first tokens first: the target's mode is left out of the subset."""
     with torch.inference_mode():
-        p1 = warper.probs(target.model(input_ids=torch.tensor([PROMPT])).logits[0, -1].float())
+        p1 = warper.probs(
+            target.model(input_ids=torch.tensor([PROMPT], device=target.device)).logits[0, -1].float().cpu())
     return torch.argsort(p1).tolist()
 
 

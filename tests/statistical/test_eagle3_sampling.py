@@ -48,7 +48,8 @@ def test_eagle3_tree_sampling_matches_target(target, vocab):
     size, mode = -1, None
     if vocab == "reduced":
         with torch.inference_mode():
-            p1 = warper.probs(target.model(input_ids=torch.tensor([PROMPT])).logits[0, -1].float())
+            p1 = warper.probs(
+                target.model(input_ids=torch.tensor([PROMPT], device=target.device)).logits[0, -1].float().cpu())
         write_draft_ranking(target.name, V, torch.argsort(p1).tolist())  # the mode ranks last: left out
         size, mode = SIZE, int(p1.argmax())
     pval, tv, bound = check(run(target, warper, size, mode), exact_joint(target.model, warper))

@@ -59,6 +59,10 @@ def _add_common(p: argparse.ArgumentParser, data: str) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda; under accelerate launch: the process's")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
+    p.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "fp16"],
+                   help="autocast the forward and loss in this precision (Accelerate's mixed precision; weights and "
+                        "optimizer stay fp32): bf16 on GPUs and on CPUs with avx512_bf16/AMX; fp16 on GPUs only "
+                        "(default no: fp32)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -78,7 +82,9 @@ def _start(args: argparse.Namespace):
         import torch
 
         torch.set_num_threads(args.threads)
-    acc = Accelerator(cpu=args.device == "cpu")
+    if args.mixed_precision == "fp16" and args.device == "cpu":
+        raise SelfspecError("--mixed-precision fp16 needs a GPU (--device cuda); on a CPU use bf16 or no")
+    acc = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision)
     target = load_model(args.model, acc.device if args.device != "cpu" else "cpu", "float32", args.trust_remote_code)
     return acc, target, data
 

@@ -228,7 +228,8 @@ def train(model: torch.nn.Module, objective: Objective, items: Sequence, out: Pa
         shutil.rmtree(ckdir)
 
     def validate() -> None:
-        v = evaluate(acc.unwrap_model(model), objective, val_items, opts.batch_size, opts.seed)
+        with acc.autocast():
+            v = evaluate(acc.unwrap_model(model), objective, val_items, opts.batch_size, opts.seed)
         state["val"].append({"step": state["step"], **v})
 
     if not state["val"] and val_items:
@@ -243,7 +244,8 @@ def train(model: torch.nn.Module, objective: Objective, items: Sequence, out: Pa
         for idx in mine[within:per_epoch]:
             t0 = time.perf_counter()
             rng = random.Random(opts.seed * 1_000_003 + 7919 * state["step"] + acc.process_index)
-            loss, m = objective.loss(model, objective.make_batch([train_items[i] for i in idx], rng))
+            with acc.autocast():  # a no-op unless the Accelerator has mixed precision
+                loss, m = objective.loss(model, objective.make_batch([train_items[i] for i in idx], rng))
             acc.backward(loss)
             if opts.clip_by == "value":
                 acc.clip_grad_value_(params, opts.clip)
