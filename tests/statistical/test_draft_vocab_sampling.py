@@ -68,7 +68,7 @@ def test_negative_control_unrestricted_q_reported(target, monkeypatch):
     keep[ranking[:SIZE]] = True
 
     def restricted(q, gen):
-        r = q * keep
+        r = q * keep.to(q.device)
         return sample(r / r.sum(), gen)
 
     monkeypatch.setattr(self_spec_mod, "sample", restricted)

@@ -128,7 +128,7 @@ def calibrated(path_probs: torch.Tensor, calibration: ConfidenceCalibration | No
     ``calibration`` (None: the path probability itself, EAGLE-2's assumption)."""
     if calibration is None:
         return path_probs
-    ratios = torch.tensor(calibration.table(), dtype=path_probs.dtype)
+    ratios = torch.tensor(calibration.table(), dtype=path_probs.dtype, device=path_probs.device)
     # the decile rule of ConfidenceCalibration, vectorised
     idx = (path_probs * ConfidenceCalibration.BINS).long().clamp_(0, ConfidenceCalibration.BINS - 1)
     return (path_probs * ratios[idx]).clamp_(max=1.0)
@@ -273,8 +273,8 @@ class EagleDrafter:
         depth = 1
         s1, tok1 = (t[0] for t in self._top(h_last[None], cfg.top_k, state, depth))
         k = s1.numel()
-        scores, tokens, parents = [s1], [tok1], [torch.full((k,), -1, dtype=torch.long)]
-        f_score, f_tok, f_ids = s1, tok1, torch.arange(k)
+        scores, tokens, parents = [s1], [tok1], [torch.full((k,), -1, dtype=torch.long, device=s1.device)]
+        f_score, f_tok, f_ids = s1, tok1, torch.arange(k, device=s1.device)
         f_feat = h_last[None].expand(k, -1)
         eye = torch.eye(k, dtype=torch.bool, device=self.device)
         level_pos = torch.empty(k, dtype=torch.long, device=self.device)
@@ -306,7 +306,7 @@ class EagleDrafter:
             size += k * k
             tmask = torch.cat([tmask[u], eye], dim=1)
             level_s = watch.elapsed() if watch is not None else 0.0
-        return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents))
+        return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents).cpu())
 
     def propose(self, state: DecodeState) -> Proposal:
         # timed only where the clock sizes something: never under rejection sampling
