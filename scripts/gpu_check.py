@@ -341,7 +341,9 @@ def best_k(prof, p: float, tree: bool, k_max: int) -> tuple[int, float]:
     return best
 
 
-def section_speed(args) -> dict:
+def section_speed(args, out: dict | None = None) -> dict:
+    """Fills ``out`` (one entry per shape, saved by ``args.checkpoint`` after each measurement, so
+    that a killed run keeps what it measured)."""
     import selfspec
     from selfspec.core.cost import measure
     from selfspec.drafters.scripted import ScriptedDrafter
@@ -351,7 +353,7 @@ def section_speed(args) -> dict:
     qs = QS_SMALL if args.small else QS_FULL
     max_new, reps = (16, 1) if args.small else (128, 3)
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
-    out: dict = {}
+    out = {} if out is None else out
     for name, shape in shapes.items():
         res: dict = {"dtype": str(dtype).replace("torch.", ""), "model": "synthetic (known continuation), untied"}
         out[name] = res
@@ -374,7 +376,9 @@ def section_speed(args) -> dict:
                     "ar_step_ms": round(1e3 * ar_step, 3), "T1_ms": round(1e3 * prof.raw[0], 3),
                     "loop_overhead_ms_per_step": round(1e3 * (ar_step - prof.raw[0]), 3),
                     "ar_equals_generate": same is None, "first_difference": same}
-            log(f"speed {name}: ar {ar_rate:.1f} tok/s, generate {hf_rate:.1f} tok/s, ids equal: {same is None}")
+            log(f"speed {name}: ar {ar_rate:.1f} tok/s, generate {hf_rate:.1f} tok/s, ids equal: {same is None}, "
+                f"loop overhead {res['loop_overhead_ms_per_step']} ms/step")
+            args.checkpoint()
             oracle = {}
             for tree in (False, True):
                 for p in probs if not tree else (probs[0], 0.8) if len(probs) > 1 else probs:
@@ -390,6 +394,8 @@ def section_speed(args) -> dict:
                         "identical": ids == ref, "draft_ms_per_step": round(1e3 * last.draft_s / last.steps, 3)}
                     log(f"speed {name}: oracle {'tree' if tree else 'chain'} p={p} k={k}: tau {tau:.2f}, "
                         f"{measured:.2f}x ar, ideal {ideal:.2f}x, kept {measured / ideal:.2f}")
+                    res["oracle"] = oracle
+                    args.checkpoint()
             ar.drafter = selfspec.load(target, "ar", self_test=False).drafter
             res["oracle"] = oracle
         except Exception as e:  # noqa: BLE001
@@ -593,7 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     if tests is not None:
         run("tests", lambda: tests.finish(args.tests_budget - (time.perf_counter() - tests.t0)))
     if "speed" in wanted:  # timings: alone on the device
-        run("speed", lambda: section_speed(args))
+        report["speed"] = {}
+        args.checkpoint = lambda: path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        run("speed", lambda: section_speed(args, report["speed"]))
     print(table(report), flush=True)
     log(f"report: {path}")
     return 0 if not report["section_errors"] else 1
