@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -141,6 +142,104 @@ def defaults_line(reports: list[dict]) -> str:
             + "\n\n")
 
 
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df = n - 1
+
+
+def family(flags: str) -> str:
+    """The CPU family of a run from its recorded flags."""
+    have = set(flags.split("+")) if flags else set()
+    if "amx_int8" in have:
+        return "AMX Intel Xeon"
+    if "avx512_vnni" in have:
+        return "AVX-512 VNNI"
+    if "avx2" in have:
+        return "AVX2"
+    return "unknown"
+
+
+def per_repeat_rates(records: list[dict]) -> dict[str, dict[int, float]]:
+    """tokens/s of every method and peer in every repeat (summed over the run's prompts)."""
+    tok: dict[tuple[str, int], float] = {}
+    sec: dict[tuple[str, int], float] = {}
+    for r in records:
+        if r.get("error") or not r.get("wall_s"):
+            continue
+        key = (r["method"], r.get("repeat", 0))
+        tok[key] = tok.get(key, 0.0) + r.get("new_tokens", 0)
+        sec[key] = sec.get(key, 0.0) + r["wall_s"]
+    out: dict[str, dict[int, float]] = {}
+    for (m, rep), t in tok.items():
+        out.setdefault(m, {})[rep] = t / sec[(m, rep)]
+    return out
+
+
+def ratio_ci(rates: dict[str, dict[int, float]], a: str, b: str) -> str:
+    """mean ratio of ``a`` to ``b`` over the repeats both ran, with a 95% t interval (n >= 2)."""
+    if a not in rates or b not in rates:
+        return "-"
+    reps = sorted(set(rates[a]) & set(rates[b]))
+    vals = [rates[a][r] / rates[b][r] for r in reps]
+    if not vals:
+        return "-"
+    mean = sum(vals) / len(vals)
+    if len(vals) < 2:
+        return f"{mean:.2f}x (1 repeat)"
+    sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
+    half = T95.get(len(vals) - 1, 2.0) * sd / len(vals) ** 0.5
+    return f"**{mean:.2f}x** [{mean - half:.2f}, {mean + half:.2f}]"
+
+
+def headline(reports: list[dict]) -> str:
+    """The README's first table: the latest defaults run of the default model on each CPU family
+    (``scripts/bench_defaults.sh``: runs named ``defaults-smollm2*``), with 95% intervals over repeats."""
+    latest: dict[str, dict] = {}
+    for rep in reports:
+        if not rep["dir"].name.startswith("defaults-smollm2"):
+            continue
+        env = rep["meta"]["environment"]
+        fam = family(env.get("cpu_flags", ""))
+        recs = [json.loads(x) for x in (rep["dir"] / "records.jsonl").read_text().splitlines() if x.strip()]
+        stamps = [r["time"] for r in recs if isinstance(r.get("time"), (int, float))]
+        when = time.strftime("%Y-%m-%d", time.gmtime(max(stamps))) if stamps else ""
+        rep["when"], rep["records"] = when, recs
+        if fam not in latest or when > latest[fam]["when"]:
+            latest[fam] = rep
+    if not latest:
+        return ""
+    lines = ["| CPU (flags) | default configuration | vs `transformers` `generate` | vs llama.cpp F32 | vs `ar` "
+             "| vs best fixed configuration | identical to `ar` | repeats | measured at |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for fam in ("AVX2", "AVX-512 VNNI", "AMX Intel Xeon", "unknown"):
+        rep = latest.get(fam)
+        if rep is None:
+            continue
+        meta, summ = rep["meta"], rep["summary"]
+        env = meta["environment"]
+        rates = per_repeat_rates(rep["records"])
+        auto = next((n for n in summ if base_method(n) == "auto"), None)
+        if auto is None:
+            continue
+        ar = summ[auto].get("baseline", "ar")
+        fixed = [n for n, v in summ.items() if v.get("kind") == "method" and base_method(n) != "auto"
+                 and v.get("lossless", True) and v.get("backend") != "int8"]
+        best = max(fixed, key=lambda n: summ[n]["tokens_per_s"], default=None)
+        f32 = next((n for n in summ if n == "llama.cpp-f32"), None)
+        repeats = meta.get("repeats", 1)
+        commit = env.get("git", "?")
+        lines.append(
+            f"| {fam} ({env.get('cpu_flags') or 'flags not recorded'}), {env['machine'].split('|')[1]} "
+            f"| `{auto}` | {ratio_ci(rates, auto, 'hf')} | {ratio_ci(rates, auto, f32) if f32 else 'not measured'} "
+            f"| {ratio_ci(rates, auto, ar)} | {ratio_ci(rates, auto, best) if best else '-'} (`{best}`) "
+            f"| {summ[auto].get('identical', '-')} | {repeats} | `{commit}`, {rep['when'] or 'date not recorded'} "
+            f"(`{rep['dir'].name}`) |")
+    return ("**What you get with no flags**, per CPU family met so far (`scripts/bench_defaults.sh`: the default "
+            "model SmolLM2-135M-Instruct, 10 built-in chat prompts × 64 tokens, greedy; default kernels and method "
+            "`auto`; every figure a ratio of tokens/s measured in the same process, mean over repeats with a 95% "
+            "interval; `generate` is `transformers` fp32 on stock kernels; llama.cpp runs the same weights as F32 "
+            "GGUF through llama-cpp-python on the same prompt ids). A family keeps its last run until someone "
+            "re-measures it.\n\n" + "\n".join(lines) + "\n\n")
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -184,8 +283,8 @@ def main() -> None:
     text = readme.read_text()
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
-    body = (f"{defaults_line(reports)}One row per method at its best measured greedy configuration over all runs "
-            f"in `docs/results/` "
+    body = (f"{headline(reports)}{defaults_line(reports)}For reference, one row per method at its best measured "
+            f"greedy configuration over all runs in `docs/results/` "
             f"({NOTE}). Every run, in full: [docs/results/README.md](docs/results/README.md).\n\n"
             f"{summary_table(rows)}\n\n![speedups](docs/results/summary.png)")
     readme.write_text(f"{head}{START}\n{body}\n{END}{tail}")
