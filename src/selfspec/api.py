@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .config import GenerationConfig
+from .config import GenerationConfig, stop_strings
 from .core.kv_cache import new_cache
 from .core.sampling import GumbelNoise, Warper
 from .decoding.loop import run
@@ -148,21 +148,21 @@ class SpeculativeGenerator:
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
-                 stop: Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
+                 stop: str | Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
                  include_stop: bool = False) -> GenerationResult:
         """Generate from a text prompt (chat-templated unless ``chat=False``) or a list of token
         ids (used as is). Greedy when ``temperature == 0``; otherwise ``sampling`` says how (see
         :class:`~selfspec.config.GenerationConfig`): with the default ``coupled``, the same seed
         gives the same text for every method. ``seed=None`` draws one (``result.seed``)."""
         for _ in self.steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                             top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos, sampling=sampling,
+                             top_k=top_k, seed=seed, stop=stop_strings(stop), ignore_eos=ignore_eos, sampling=sampling,
                              include_stop=include_stop):
             pass
         return self.last_result
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
-               stop: Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
+               stop: str | Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
                include_stop: bool = False) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; ``last_result`` holds the stats afterwards.
         The pieces join to ``last_result.text`` (a stop string is held back, then dropped)."""
@@ -172,7 +172,7 @@ class SpeculativeGenerator:
                 yield piece
 
     def stream_steps(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                     top_k: int = 0, seed: int | None = None, chat: bool = True, stop: Sequence[str] = (),
+                     top_k: int = 0, seed: int | None = None, chat: bool = True, stop: str | Sequence[str] = (),
                      ignore_eos: bool = False, sampling: str = "coupled",
                      include_stop: bool = False) -> Iterator[tuple[str, list[int]]]:
         """Like :meth:`stream`, also yielding the ids committed at each step (the last step may
@@ -180,11 +180,11 @@ class SpeculativeGenerator:
         if self.tokenizer is None:
             raise SelfspecError("streaming text needs a tokenizer; this model has none")
         detok = IncrementalDetokenizer(self.tokenizer)
-        stops = () if include_stop else tuple(stop)
+        stops = () if include_stop else stop_strings(stop)
         text = StopTextFilter(stops)
         for state, new in self.steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature,
-                                      top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos,
-                                      sampling=sampling, include_stop=include_stop):
+                                      top_p=top_p, top_k=top_k, seed=seed, stop=stop_strings(stop),
+                                      ignore_eos=ignore_eos, sampling=sampling, include_stop=include_stop):
             piece = text.push(detok.push(new))
             if state.done:
                 piece += text.flush(stopped=state.finish_reason == "stop")
