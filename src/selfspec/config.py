@@ -34,6 +34,30 @@ def seed_arg(value: str) -> int:
     return seed
 
 
+def check_threads(threads: object, name: str = "threads") -> int | None:
+    """``threads`` (CPU threads of torch) as an int >= 1, or None for torch's choice; else a
+    one-line error naming ``name``."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise SelfspecError(f"{name} must be an integer >= 1 (or left out for torch's choice), not {threads!r}")
+    return threads
+
+
+def threads_arg(value: str) -> int:
+    """``argparse`` type of every ``--threads``: an integer >= 1 (0 used to be silently ignored)."""
+    import argparse
+
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid thread count {value!r}: use an integer >= 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"the thread count must be at least 1, not {n}; leave --threads out for "
+                                         "torch's choice")
+    return n
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """What to generate. ``temperature == 0`` is greedy decoding.

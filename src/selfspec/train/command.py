@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import seed_arg
+from ..config import seed_arg, threads_arg
 from ..errors import SelfspecError
 
 HEAD_DATA = "sharegpt:224,sharegpt-answers:300,code:60"
@@ -57,22 +57,31 @@ def _add_common(p: argparse.ArgumentParser, data: str) -> None:
     p.add_argument("--data-seed", type=seed_arg, default=42, help="data shuffling seed")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda; under accelerate launch: the process's")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default) or cuda; under accelerate launch, each process trains on its own device")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="torch CPU threads per process, at least 1 (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _start(args: argparse.Namespace):
-    """Check the common options, set the threads, and load the target under Accelerate:
-    ``(accelerator, target, data options)``."""
+def _start(args: argparse.Namespace, outputs: tuple[str, ...]):
+    """Check the common options and ``--out`` (``outputs``: the files a finished run leaves
+    there), set the threads, and load the target under Accelerate:
+    ``(accelerator, target, data options)``. Everything is checked before the model loads."""
     from accelerate import Accelerator
 
-    from ..models.loading import load_model
-    from .pipeline import DataOptions
+    from ..models.loading import load_model, resolve_device
+    from ..paths import check_output_dir
+    from .loop import check_out
+    from .pipeline import DataOptions, check_data_spec
 
     if args.max_len < 8:
         raise SelfspecError("--max-len must be at least 8")
+    check_data_spec(args.data)
+    resolve_device(args.device)  # a device this machine lacks: one line, before anything loads
+    out = check_output_dir(args.out)
+    check_out(out, args.resume, outputs)  # an earlier run there is continued (--resume) or kept, never lost
     data = DataOptions(data=args.data, max_len=args.max_len, regenerate=args.regenerate, seed=args.data_seed)
     if args.threads:
         import torch
@@ -158,7 +167,9 @@ def run_head(args: argparse.Namespace) -> int:
                             epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=noise,
                             seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "",
                             fc_bias=not args.no_fc_bias, draft_vocab=args.draft_vocab)
-    acc, target, data = _start(args)
+    from ..heads.eagle import META_FILE as HEAD_FILE
+
+    acc, target, data = _start(args, (HEAD_FILE,))
     from .features import extract_features, read_sequences
     from .pipeline import prepare_examples
     from .trainer import train_head
@@ -271,7 +282,9 @@ def run_finetune(args: argparse.Namespace, make: Callable[[argparse.Namespace], 
                            max_steps=args.max_steps, lr=lr, batch_size=args.batch_size, seed=args.seed,
                            checkpoint_every=args.checkpoint_every,
                            weight_decay=0.0 if args.lora_rank else 0.1)
-    acc, target, data = _start(args)
+    from ..models.finetuned import META_FILE as MODEL_FILE
+
+    acc, target, data = _start(args, (MODEL_FILE, "config.json", "adapter"))
     out = Path(args.out)
     if acc.is_main_process:
         examples = prepare_examples(target.model, target.tokenizer, data, out / "data", not args.no_progress)
