@@ -70,9 +70,22 @@ def test_json_output(capsys, tiny_dir):
     assert code == 0
     obj = json.loads(out)
     assert set(obj) == {"text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth",
-                        "wall_s", "tokens_per_s", "method", "model", "lossless", "seed", "sampling"}
+                        "wall_s", "tokens_per_s", "method", "model", "lossless", "seed", "sampling",
+                        "finish_reason", "kernels"}
     assert obj["new_tokens"] == len(obj["token_ids"]) and all(0 <= t < VOCAB for t in obj["token_ids"])
-    assert obj["method"] == "pld" and obj["lossless"] is True
+    assert obj["method"] == "pld" and obj["lossless"] is True and obj["kernels"] == "stock"
+
+
+def test_json_tells_stop_from_length(capsys, tiny_dir):
+    """A script reading --json can tell a finished text ("stop": end of sequence or a stop string)
+    from one cut at --max-new-tokens ("length"), as in the OpenAI API."""
+    common = ["generate", "--model", str(tiny_dir), "--no-chat", "--json", "--method", "ar", "w5 w6 w7"]
+    code, out, err = run(capsys, *common, "--max-new-tokens", "6")
+    cut = json.loads(out)
+    assert code == 0 and cut["finish_reason"] == "length" and cut["new_tokens"] == 6
+    stop = cut["text"].split()[2]
+    code, out, err = run(capsys, *common, "--max-new-tokens", "6", "--stop", stop)
+    assert code == 0 and json.loads(out)["finish_reason"] == "stop"
 
 
 def test_streaming_with_show_accepted(capsys, tiny_dir):
@@ -296,3 +309,30 @@ def test_bfloat16_generates_with_default_kernels(capsys, tiny_dir, method, monke
     assert code == 0, err
     r = json.loads(out)
     assert r["new_tokens"] == 8 and r["method"] == method
+
+
+@pytest.mark.parametrize("argv", [["generate", "--threads", "0", "x"], ["demo", "--threads", "-1"],
+                                  ["bench", "--threads", "0"], ["serve", "--threads", "0"],
+                                  ["tune", "m", "--threads", "0"], ["profile", "--threads", "two"],
+                                  ["train", "sdsat", "--model", "m", "--out", "o", "--threads", "0"]])
+def test_threads_below_one_is_one_line_exit_2(capsys, argv):
+    """--threads 0 used to be silently ignored (torch's choice ran instead)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("selfspec: error: argument --threads")
+
+
+def test_show_accepted_with_json_is_refused(capsys, tiny_dir):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--show-accepted", "--json", "w1")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--show-accepted" in err and "--json" in err
+
+
+def test_sampling_flags_at_temperature_0_say_they_do_nothing(capsys, tiny_dir):
+    common = ["generate", "--model", str(tiny_dir), "--no-chat", "--json", "--method", "ar", "--max-new-tokens", "4",
+              "w1 w2"]
+    code, out, err = run(capsys, *common, "--seed", "3", "--top-k", "5")
+    assert code == 0 and err.count("\n") == 1
+    assert err.startswith("selfspec: note: --seed and --top-k only apply when sampling")
+    code, out, err = run(capsys, *common, "--temperature", "0.7", "--seed", "3", "--top-k", "5")
+    assert code == 0 and err == ""

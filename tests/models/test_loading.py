@@ -230,14 +230,13 @@ def test_a_missing_directory_says_so(spec):
 @pytest.mark.parametrize("device,says", [("mps", "MPS (Apple GPU) is not available"),
                                          ("tpu", "use auto, cpu, cuda, cuda:N or mps"),
                                          ("xpu", "use auto, cpu, cuda, cuda:N or mps")])
-def test_a_device_this_machine_lacks_is_one_line(monkeypatch, capsys, tiny_dir, device, says):
+def test_a_device_this_machine_lacks_is_one_line(refuse_loading, monkeypatch, capsys, tiny_dir, device, says):
     """``--device mps`` without MPS used to end in torch's RuntimeError traceback; the list of
     devices names ``auto`` too."""
     import selfspec.models.loading as loading
     from selfspec.cli import main
 
     monkeypatch.setattr(loading, "_mps_available", lambda: False)
-    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded the model before refusing"))
     with pytest.raises(SelfspecError, match=re.escape(says)):
         loading.resolve_device(device)
     code = main(["generate", "--model", str(tiny_dir), "--device", device, "--no-chat", "w1"])

@@ -141,14 +141,11 @@ def test_self_distillation_replaces_answers_and_resumes(tiny_dir, data_file, tmp
     ("sdsat", "train/checkpoints/step_40/trainer_state.json"),
     ("sdsat", "selfspec_finetune.json"),  # a finished model
 ])
-def test_training_into_an_earlier_run_without_resume_is_refused_before_loading(
-        tmp_path, capsys, monkeypatch, objective, left):
+def test_training_into_an_earlier_run_without_resume_is_refused_before_loading(refuse_loading, tmp_path, capsys,
+                                                                              objective, left):
     """One forgotten --resume used to restart at step 0 and delete the checkpoints (or overwrite a
     finished head): now one line that names --resume and --out, exit 2, every file kept, and the
     model is not even loaded."""
-    import selfspec.models.loading as loading
-
-    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded the model before refusing"))
     out = tmp_path / "run"
     (out / left).parent.mkdir(parents=True, exist_ok=True)
     (out / left).write_text('{"step": 40}')
@@ -165,20 +162,14 @@ def test_training_into_an_earlier_run_without_resume_is_refused_before_loading(
 @pytest.mark.parametrize("data,says", [("/no/such/conv.jsonl", "--data file /no/such/conv.jsonl not found"),
                                        ("missing.jsonl", "--data file missing.jsonl not found"),
                                        ("code:4,sharegpt:x", "must be an integer")])
-def test_bad_data_is_named_before_loading(tmp_path, capsys, monkeypatch, data, says):
-    import selfspec.models.loading as loading
-
-    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded the model before refusing"))
+def test_bad_data_is_named_before_loading(refuse_loading, tmp_path, capsys, data, says):
     assert main(["train", "hass", "--model", "m", "--data", data, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err
 
 
 @pytest.mark.parametrize("objective", ["hass", "sdsat"])
-def test_an_out_that_cannot_be_created_is_one_line_before_loading(tmp_path, capsys, monkeypatch, objective):
-    import selfspec.models.loading as loading
-
-    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded the model before refusing"))
+def test_an_out_that_cannot_be_created_is_one_line_before_loading(refuse_loading, tmp_path, capsys, objective):
     (tmp_path / "a-file").write_text("")
     assert main(["train", objective, "--model", "m", "--data", "code:4", "--out", str(tmp_path / "a-file" / "x"),
                  "--no-progress"]) == 2

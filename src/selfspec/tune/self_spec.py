@@ -19,7 +19,7 @@ from ..errors import SelfspecError
 from ..kernels.switch import DRAFT_KERNELS
 from ..models.loading import LoadedModel
 from ..models.skipping import SkipSet, decoder_layers
-from ..paths import model_key, selfspec_home
+from ..paths import check_output_dir, check_output_file, model_key, selfspec_home
 from .objectives import ProxyObjective, SpeedObjective, measure_draft_cost
 from .search import SearchResult, search
 
@@ -80,6 +80,10 @@ class TuneOptions:
             raise SelfspecError(f"--draft-vocab must be >= 0 and --draft-kernels one of {', '.join(DRAFT_KERNELS)}")
         if self.time_budget is not None and self.time_budget <= 0:
             raise SelfspecError("--time-budget must be a positive number of seconds")
+        if self.out:  # where the results go: checked before a model loads
+            check_output_file(self.out)
+        if self.state_dir:
+            check_output_dir(self.state_dir, "--state")
 
 
 def calibration_prompts(target: LoadedModel, opts: TuneOptions) -> tuple[list[str], list[list[int]]]:
