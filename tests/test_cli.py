@@ -336,3 +336,29 @@ def test_sampling_flags_at_temperature_0_say_they_do_nothing(capsys, tiny_dir):
     assert err.startswith("selfspec: note: --seed and --top-k only apply when sampling")
     code, out, err = run(capsys, *common, "--temperature", "0.7", "--seed", "3", "--top-k", "5")
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["bench", "--out", "b"], "; run the same command with --resume to continue from where it stopped (--out b)"),
+    (["bench", "--out", "b", "--resume"], "; run the same command again to continue from where it stopped (--out b)"),
+    (["train", "hass", "--model", "m", "--out", "o"], "; run the same command with --resume to continue from where "
+                                                      "it stopped (--out o)"),
+    (["tune", "m", "--state", "s"], "; run the same command again to continue the search (--state s)"),
+    (["generate", "x"], ""),
+])
+def test_an_interrupted_command_says_how_to_continue(capsys, monkeypatch, argv, hint):
+    """`selfspec: interrupted` never mentioned --resume."""
+    import dataclasses
+
+    import selfspec.cli as cli
+    import selfspec.train.command as train_command
+
+    def interrupt(*a, **kw):
+        raise KeyboardInterrupt
+
+    for name in ("cmd_bench", "cmd_tune", "cmd_generate"):
+        monkeypatch.setattr(cli, name, interrupt)
+    monkeypatch.setitem(train_command.COMMANDS, "hass", dataclasses.replace(train_command.COMMANDS["hass"],
+                                                                            run=interrupt))
+    code, out, err = run(capsys, *argv)
+    assert code == 130 and err == f"selfspec: interrupted{hint}\n"

@@ -560,8 +560,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _resume_hint(args: argparse.Namespace | None) -> str:
+    """How to continue an interrupted command that keeps its progress (train, bench: --resume;
+    tune: its --state), or nothing."""
+    if args is None:
+        return ""
+    if hasattr(args, "resume"):  # train, bench: checkpoints / records in --out
+        again = "run the same command again" if args.resume else "run the same command with --resume"
+        return f"; {again} to continue from where it stopped (--out {args.out})"
+    if getattr(args, "cmd", None) == "tune" and getattr(args, "state", None):
+        return f"; run the same command again to continue the search (--state {args.state})"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = None
     try:  # Ctrl-C at any time, the imports of building the parser and loading a model included
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -569,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"selfspec: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("selfspec: interrupted", file=sys.stderr)
+        print(f"selfspec: interrupted{_resume_hint(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`selfspec models list | head -1`): no traceback
         import contextlib
