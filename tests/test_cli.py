@@ -362,3 +362,30 @@ def test_an_interrupted_command_says_how_to_continue(capsys, monkeypatch, argv, 
                                                                             run=interrupt))
     code, out, err = run(capsys, *argv)
     assert code == 130 and err == f"selfspec: interrupted{hint}\n"
+
+
+def test_help_describes_every_command_and_only_its_options(capsys):
+    """Only `train` subcommands had a description line; `profile --help` listed every method
+    option; five `bench` options had no help or shown default; `tune` took no --model."""
+    import argparse
+
+    from selfspec.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        assert command.description, name
+    with pytest.raises(SystemExit):
+        main(["profile", "--help"])
+    out = capsys.readouterr().out
+    assert "--max-q" in out and "--k " not in out and "method options" not in out
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for flag in ("--max-new-tokens MAX_NEW_TOKENS generated tokens per prompt at most (default 128)",
+                 "--temperature TEMPERATURE 0 = greedy (default 0)", "--seed SEED seed of the sampler",
+                 "--repeats REPEATS timed runs", "--out OUT output directory"):
+        assert flag in out, flag
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    assert "--model MODEL" in capsys.readouterr().out

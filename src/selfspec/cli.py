@@ -86,7 +86,8 @@ def _kernels_arg(many: bool):
     return parse
 
 
-def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool = False) -> None:
+def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool = False,
+                    method_flags: bool = True) -> None:
     from .models.bundled import DEFAULT_MODEL
     from .registry import AUTO
 
@@ -106,7 +107,8 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
                         + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     p.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
-    add_method_flags(p)
+    if method_flags:  # --k, --head, ...: not for commands that run no method (profile)
+        add_method_flags(p)
 
 
 def _add_gen_args(p: argparse.ArgumentParser) -> None:
@@ -477,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_models)
 
     pr = sub.add_parser("profile", help="measure the verify cost curve T(q) on this machine (drafters use it)")
-    _add_model_args(pr, method=False)
+    _add_model_args(pr, method=False, method_flags=False)
     pr.add_argument("--max-q", type=int, default=64,
                     help="largest block size measured (default 64; a cached profile that stops short of it is "
                          "measured again)")
@@ -557,6 +559,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_args(b)
     _add_model_args(b, method=False, many=True)
     b.set_defaults(func=cmd_bench)
+    for action in sub._choices_actions:  # each command's --help starts with what it does, as train's do
+        command = sub.choices[action.dest]
+        if command.description is None:
+            command.description = action.help
+    for action in msub._choices_actions:
+        if msub.choices[action.dest].description is None:
+            msub.choices[action.dest].description = action.help
     return p
 
 

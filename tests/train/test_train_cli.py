@@ -175,3 +175,25 @@ def test_an_out_that_cannot_be_created_is_one_line_before_loading(refuse_loading
                  "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--out" in err and "is a file, not a directory" in err
+
+
+@pytest.mark.parametrize("objective,flag,value,says", [
+    ("hass", "--epochs", "0", "--epochs must be at least 1, not 0"),
+    ("sdsat", "--epochs", "0", "--epochs must be at least 1, not 0"),
+    ("hass", "--max-steps", "-1", "--max-steps must be at least 0, not -1"),
+    ("hass", "--lr", "0", "--lr must be > 0, not 0.0"),
+])
+def test_a_bad_number_names_its_one_flag(refuse_loading, tmp_path, capsys, objective, flag, value, says):
+    """`--epochs 0` used to name six flags ("train needs --passes >= 1, --topk >= 1, ...")."""
+    assert main(["train", objective, "--model", "m", "--data", "code:4", "--out", str(tmp_path / "o"), flag,
+                 value]) == 2
+    err = capsys.readouterr().err
+    assert err == f"selfspec: error: {says}\n"
+
+
+def test_train_hass_takes_max_steps(tiny_dir, data_file, tmp_path, monkeypatch):
+    """sdsat, space, msn and sft had --max-steps; hass had not."""
+    monkeypatch.setattr(pipeline, "evaluation_prompts", lambda: [])
+    assert train(tiny_dir, data_file, tmp_path / "h", "--max-steps", "3", "--epochs", "5") == 0
+    meta = json.loads((tmp_path / "h" / "selfspec_head.json").read_text())
+    assert meta["steps"] == 3 and meta["options"]["max_steps"] == 3

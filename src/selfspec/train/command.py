@@ -46,7 +46,8 @@ def _add_common(p: argparse.ArgumentParser, data: str) -> None:
     p.add_argument("--data", default=data,
                    help="comma-separated sources: sharegpt[:N] (answers regenerated with --regenerate), "
                         "sharegpt-answers[:N] (ShareGPT's answers kept), code[:N] (Python stdlib), or a JSONL file "
-                        f"of conversations (default {data}); evaluation prompts are always excluded")
+                        f"of conversations (default {data}); evaluation prompts are excluded (the built-in ones "
+                        "always, MT-bench and HumanEval where they can be loaded: a warning says when not)")
     p.add_argument("--max-len", type=int, default=512, help="tokens per example at most (default 512)")
     p.add_argument("--regenerate", type=int, default=0,
                    help="self-distillation: answer the ShareGPT prompts with the target (at most N tokens) and "
@@ -63,6 +64,15 @@ def _add_common(p: argparse.ArgumentParser, data: str) -> None:
     p.add_argument("--threads", type=threads_arg, default=None,
                    help="torch CPU threads per process, at least 1 (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _check_at_least(args: argparse.Namespace, *rules: tuple[str, int]) -> None:
+    """A one-line error naming the one flag below its minimum (``(dest, minimum)`` pairs), not
+    every flag the command has."""
+    for dest, least in rules:
+        value = getattr(args, dest)
+        if value < least:
+            raise SelfspecError(f"--{dest.replace('_', '-')} must be at least {least}, not {value}")
 
 
 def _start(args: argparse.Namespace, outputs: tuple[str, ...]):
@@ -111,6 +121,7 @@ def _add_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=10, help="K of the top-K distillation loss (default 10)")
     p.add_argument("--topk-weight", type=float, default=None, help="its weight (default: eagle 0, hass 1)")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW peak learning rate (default 3e-4)")
+    p.add_argument("--max-steps", type=int, default=0, help="optimiser steps (default 0: --epochs decides)")
     p.add_argument("--noise", type=float, default=None,
                    help="uniform noise on input features (default 0.1; --arch eagle3: 0)")
     p.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
@@ -152,19 +163,24 @@ def run_head(args: argparse.Namespace) -> int:
     noise = args.noise if args.noise is not None else (0.0 if eagle3 else 0.1)
     if args.draft_vocab < 0:
         raise SelfspecError(f"--draft-vocab must be 0 (the full vocabulary) or a token count, not {args.draft_vocab}")
-    if passes < 1 or args.topk < 1 or topk_w < 0 or args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
-        raise SelfspecError("train needs --passes >= 1, --topk >= 1, --topk-weight >= 0, --epochs >= 1, --lr > 0 "
-                            "and --batch-size >= 1")
+    _check_at_least(args, ("epochs", 1), ("batch_size", 1), ("max_steps", 0), ("topk", 1))
+    if passes < 1:
+        raise SelfspecError(f"--passes must be at least 1, not {passes}")
+    if topk_w < 0:
+        raise SelfspecError(f"--topk-weight must be >= 0, not {topk_w}")
+    if args.lr <= 0:
+        raise SelfspecError(f"--lr must be > 0, not {args.lr}")
     layers = _feature_layers(args.feature_layers)
     if eagle3:
         opts: TrainOptions | Eagle3Options = Eagle3Options(
             objective=args.objective, steps=passes, topk=args.topk, topk_weight=topk_w,
             detach=args.objective == "hass", draft_vocab=args.draft_vocab,
-            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=noise, seed=args.seed,
-            checkpoint_every=args.checkpoint_every, init=args.init or "")
+            epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, batch_size=args.batch_size, noise=noise,
+            seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "")
     else:
         opts = TrainOptions(objective=args.objective, passes=passes, topk=args.topk, topk_weight=topk_w,
-                            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=noise,
+                            epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, batch_size=args.batch_size,
+                            noise=noise,
                             seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "",
                             fc_bias=not args.no_fc_bias, draft_vocab=args.draft_vocab)
     from ..heads.eagle import META_FILE as HEAD_FILE
@@ -275,9 +291,9 @@ def run_finetune(args: argparse.Namespace, make: Callable[[argparse.Namespace], 
 
     objective, depth = make(args)
     lr = args.lr if args.lr is not None else (3e-4 if args.lora_rank else 1e-4)
-    if args.epochs < 1 or lr <= 0 or args.batch_size < 1 or args.lora_rank < 0 or args.max_steps < 0:
-        raise SelfspecError(f"train {args.what} needs --epochs >= 1, --lr > 0, --batch-size >= 1, --lora-rank >= 0 "
-                            "and --max-steps >= 0")
+    _check_at_least(args, ("epochs", 1), ("batch_size", 1), ("max_steps", 0), ("lora_rank", 0))
+    if lr <= 0:
+        raise SelfspecError(f"--lr must be > 0, not {lr}")
     opts = FinetuneOptions(lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank, epochs=args.epochs,
                            max_steps=args.max_steps, lr=lr, batch_size=args.batch_size, seed=args.seed,
                            checkpoint_every=args.checkpoint_every,

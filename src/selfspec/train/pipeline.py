@@ -8,6 +8,7 @@ Several heads (the EAGLE vs HASS ablation) share one feature directory via ``fea
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from .conversations import (
     load_sharegpt,
 )
 
+log = logging.getLogger(__name__)
 KEEP = "keep:"  # id prefix of conversations whose answers are never regenerated
 
 
@@ -58,12 +60,13 @@ def evaluation_prompts() -> list[str]:
     from ..bench import datasets
 
     texts = [p.text for p in datasets.builtin()]
-    for loader in (datasets.mt_bench, datasets.humaneval):
+    for name, loader in (("MT-bench", datasets.mt_bench), ("HumanEval", datasets.humaneval)):
         try:
             for p in loader():
                 texts.extend(p.turns or (p.text,))
-        except SelfspecError:
-            pass
+        except SelfspecError as e:  # offline, or a package missing: say so, the data may then hold them
+            log.warning("selfspec: %s prompts are not excluded from the training data (%s)", name,
+                        str(e).rstrip("."))
     return texts
 
 
