@@ -112,8 +112,8 @@ class Engine:
         with self._encode_lock:
             try:
                 return encode_prompt(self._encoder, req.prompt, req.chat, g.target.model.config.vocab_size)
-            except SelfspecError as e:
-                raise ApiError(400, str(e), param) from None
+            except SelfspecError as e:  # e.g. a token id outside the vocabulary, an empty prompt
+                raise ApiError(400, str(e), param, "invalid_prompt") from None
             except Exception as e:  # noqa: BLE001 - the chat template refused the messages (a jinja error)
                 raise ApiError(400, f"the model's chat template refused the messages: {e}", param) from None
 
