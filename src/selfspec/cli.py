@@ -409,6 +409,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"skip {len(cfg.skip_attention)} attention + {len(cfg.skip_mlp)} MLP of {2 * cfg.num_layers} sub-layers "
           f"(attention {list(cfg.skip_attention)}, MLP {list(cfg.skip_mlp)}); {what}; {s['trials']} trials")
     print(f"skip config: {path}")
+    from .tune.self_spec import SLOWER_FILE
+
+    if path.name == SLOWER_FILE and not args.out:
+        print(f"not installed: it measured {s.get('speedup', s.get('measured_speedup', 0)):.2f}x ar, slower than "
+              f"plain decoding, so --method self-spec keeps its current config; try more --trials, or use it anyway "
+              f"with --skip-config {path}")
     return 0
 
 
