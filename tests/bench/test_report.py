@@ -107,3 +107,16 @@ def test_contended_runs_are_counted_and_marked(tmp_path):
     meta["environment"]["contended"] = False
     write_report(tmp_path, meta, summarize(records[1:], ["ar", "pld"]))
     assert "Contended" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_machine_line_is_words_not_a_cache_key(tmp_path):
+    from selfspec.bench.report import write_report
+
+    records = [rec("a", "ar", "x", 10, 1.0, 10), rec("a", "pld", "x", 10, 0.5, 5)]
+    meta = {"model": "m", "dataset": "d", "prompts": 1, "repeats": 1, "generation": {"max_new_tokens": 10,
+            "temperature": 0.0}, "environment": {"machine": "Intel Xeon Gold|threads=2|torch=2.9", "threads": 2,
+                                                 "cpu_flags": "avx2+avx512f", "torch": "2.9", "transformers": "5",
+                                                 "git": "g"}}
+    write_report(tmp_path, meta, summarize(records, ["ar", "pld"]))
+    md = (tmp_path / "report.md").read_text()
+    assert "Machine: Intel Xeon Gold, 2 threads, avx2+avx512f; torch 2.9" in md and "|threads=" not in md
