@@ -89,6 +89,19 @@ def tiny_draft_dir(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny-draft"), "llama", 7, layers=1)
 
 
+@pytest.fixture
+def refuse_loading(monkeypatch):
+    """Fail the test if a model loads: for refusals that must come before loading."""
+    import selfspec.api  # it binds load_model at import: import it unpatched first
+    import selfspec.models.loading as loading
+
+    def fail(*args, **kwargs):
+        pytest.fail("loaded the model before refusing")
+
+    monkeypatch.setattr(loading, "load_model", fail)
+    monkeypatch.setattr(selfspec.api, "load_model", fail)
+
+
 REAL_HOME = os.environ.get("SELFSPEC_HOME")
 
 

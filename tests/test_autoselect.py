@@ -82,7 +82,11 @@ def test_measure_builds_and_ranks_with_a_fake_generator():
         return fakes[c.method]
 
     cands = [Candidate(m) for m in ("ar", "pld", "msn", "jacobi", "self-spec", "broken")]
-    table, identical = autoselect.measure(make, cands, ["a", "b", "c", "d"], max_new_tokens=40, finalists=2)
+    logged: list[str] = []
+    table, identical = autoselect.measure(make, cands, ["a", "b", "c", "d"], max_new_tokens=40, finalists=2,
+                                          log=logged.append)
+    # the first round's rates say which prompts they are from (the choice's line gives the other half's)
+    assert len(logged) == 5 and all(line.endswith("tok/s on the first 2 prompt(s)") for line in logged)
     assert identical["msn"] is False  # fastest, but its ids differ from ar's
     assert "jacobi" not in table and "broken" not in table  # not a finalist / failed to build
     assert autoselect.select(table, identical) == "pld"

@@ -70,9 +70,22 @@ def test_json_output(capsys, tiny_dir):
     assert code == 0
     obj = json.loads(out)
     assert set(obj) == {"text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth",
-                        "wall_s", "tokens_per_s", "method", "model", "lossless", "seed", "sampling"}
+                        "wall_s", "tokens_per_s", "method", "model", "lossless", "seed", "sampling",
+                        "finish_reason", "kernels"}
     assert obj["new_tokens"] == len(obj["token_ids"]) and all(0 <= t < VOCAB for t in obj["token_ids"])
-    assert obj["method"] == "pld" and obj["lossless"] is True
+    assert obj["method"] == "pld" and obj["lossless"] is True and obj["kernels"] == "stock"
+
+
+def test_json_tells_stop_from_length(capsys, tiny_dir):
+    """A script reading --json can tell a finished text ("stop": end of sequence or a stop string)
+    from one cut at --max-new-tokens ("length"), as in the OpenAI API."""
+    common = ["generate", "--model", str(tiny_dir), "--no-chat", "--json", "--method", "ar", "w5 w6 w7"]
+    code, out, err = run(capsys, *common, "--max-new-tokens", "6")
+    cut = json.loads(out)
+    assert code == 0 and cut["finish_reason"] == "length" and cut["new_tokens"] == 6
+    stop = cut["text"].split()[2]
+    code, out, err = run(capsys, *common, "--max-new-tokens", "6", "--stop", stop)
+    assert code == 0 and json.loads(out)["finish_reason"] == "stop"
 
 
 def test_streaming_with_show_accepted(capsys, tiny_dir):
@@ -296,3 +309,83 @@ def test_bfloat16_generates_with_default_kernels(capsys, tiny_dir, method, monke
     assert code == 0, err
     r = json.loads(out)
     assert r["new_tokens"] == 8 and r["method"] == method
+
+
+@pytest.mark.parametrize("argv", [["generate", "--threads", "0", "x"], ["demo", "--threads", "-1"],
+                                  ["bench", "--threads", "0"], ["serve", "--threads", "0"],
+                                  ["tune", "m", "--threads", "0"], ["profile", "--threads", "two"],
+                                  ["train", "sdsat", "--model", "m", "--out", "o", "--threads", "0"]])
+def test_threads_below_one_is_one_line_exit_2(capsys, argv):
+    """--threads 0 used to be silently ignored (torch's choice ran instead)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("selfspec: error: argument --threads")
+
+
+def test_show_accepted_with_json_is_refused(capsys, tiny_dir):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--show-accepted", "--json", "w1")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--show-accepted" in err and "--json" in err
+
+
+def test_sampling_flags_at_temperature_0_say_they_do_nothing(capsys, tiny_dir):
+    common = ["generate", "--model", str(tiny_dir), "--no-chat", "--json", "--method", "ar", "--max-new-tokens", "4",
+              "w1 w2"]
+    code, out, err = run(capsys, *common, "--seed", "3", "--top-k", "5")
+    assert code == 0 and err.count("\n") == 1
+    assert err.startswith("selfspec: note: --seed and --top-k only apply when sampling")
+    code, out, err = run(capsys, *common, "--temperature", "0.7", "--seed", "3", "--top-k", "5")
+    assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["bench", "--out", "b"], "; run the same command with --resume to continue from where it stopped (--out b)"),
+    (["bench", "--out", "b", "--resume"], "; run the same command again to continue from where it stopped (--out b)"),
+    (["train", "hass", "--model", "m", "--out", "o"], "; run the same command with --resume to continue from where "
+                                                      "it stopped (--out o)"),
+    (["tune", "m", "--state", "s"], "; run the same command again to continue the search (--state s)"),
+    (["generate", "x"], ""),
+])
+def test_an_interrupted_command_says_how_to_continue(capsys, monkeypatch, argv, hint):
+    """`selfspec: interrupted` never mentioned --resume."""
+    import dataclasses
+
+    import selfspec.cli as cli
+    import selfspec.train.command as train_command
+
+    def interrupt(*a, **kw):
+        raise KeyboardInterrupt
+
+    for name in ("cmd_bench", "cmd_tune", "cmd_generate"):
+        monkeypatch.setattr(cli, name, interrupt)
+    monkeypatch.setitem(train_command.COMMANDS, "hass", dataclasses.replace(train_command.COMMANDS["hass"],
+                                                                            run=interrupt))
+    code, out, err = run(capsys, *argv)
+    assert code == 130 and err == f"selfspec: interrupted{hint}\n"
+
+
+def test_help_describes_every_command_and_only_its_options(capsys):
+    """Only `train` subcommands had a description line; `profile --help` listed every method
+    option; five `bench` options had no help or shown default; `tune` took no --model."""
+    import argparse
+
+    from selfspec.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        assert command.description, name
+    with pytest.raises(SystemExit):
+        main(["profile", "--help"])
+    out = capsys.readouterr().out
+    assert "--max-q" in out and "--k " not in out and "method options" not in out
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for flag in ("--max-new-tokens MAX_NEW_TOKENS generated tokens per prompt at most (default 128)",
+                 "--temperature TEMPERATURE 0 = greedy (default 0)", "--seed SEED seed of the sampler",
+                 "--repeats REPEATS timed runs", "--out OUT output directory"):
+        assert flag in out, flag
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    assert "--model MODEL" in capsys.readouterr().out

@@ -101,8 +101,11 @@ def test_generated_flags_carry_each_fields_help(command):
         for f in dataclasses.fields(cls):
             if "flag" in f.metadata:
                 text = _action(p, f.metadata["flag"]).help.replace("%%", "%")
-                assert f.metadata["help"] in text and method in text, (method, f.name)
-                assert f"({f.name}" in text or f"sets {f.name}" in text, (method, f.name)
+                assert method in text, (method, f.name)
+                if "value" in f.metadata:  # a switch: one entry per field, with that field's shortest help
+                    assert f"sets {f.name}" in text, (method, f.name)
+                else:
+                    assert f.metadata["help"] in text and f"({f.name}" in text, (method, f.name)
 
 
 def test_every_existing_flag_spelling_is_kept():

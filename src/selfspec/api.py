@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 import time
@@ -10,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .config import GenerationConfig
+from .config import GenerationConfig, check_threads, stop_strings
 from .core.kv_cache import new_cache
 from .core.sampling import GumbelNoise, Warper
 from .decoding.loop import run
@@ -55,22 +56,46 @@ class GenerationResult:
     sampling: str = "greedy"
 
     JSON_KEYS = ("text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth", "wall_s",
-                 "tokens_per_s", "method", "model", "lossless", "seed", "sampling")
+                 "tokens_per_s", "method", "model", "lossless", "seed", "sampling", "finish_reason", "kernels")
 
     def to_dict(self, full: bool = False) -> dict:
+        """The result as JSON-ready dict: :data:`JSON_KEYS` (``selfspec generate --json``), or with
+        ``full`` every field. In the short form ``finish_reason`` is OpenAI's: ``stop`` (end of
+        sequence or a stop string) or ``length`` (``max_new_tokens``); ``kernels`` names the
+        linear-layer backend that ran."""
         d = asdict(self)
-        return d if full else {k: d[k] for k in self.JSON_KEYS}
+        if full:
+            return d
+        out = {k: d[k] for k in self.JSON_KEYS}
+        out["finish_reason"] = "length" if self.finish_reason == "length" else "stop"
+        return out
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on ``threads`` torch CPU threads (None: as they are), then restore them."""
+    if threads is None or threads == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class SpeculativeGenerator:
     """A target model plus one method. Not thread-safe: one request at a time.
 
     It runs on the kernels backend the target had when it was built: if the same loaded model
-    was switched to another backend since (e.g. by another generator), it switches back.
+    was switched to another backend since (e.g. by another generator), it switches back; and on
+    ``threads`` torch CPU threads when set (restored after each request).
     """
 
-    def __init__(self, target: LoadedModel, method: str, drafter, lossless: bool) -> None:
+    def __init__(self, target: LoadedModel, method: str, drafter, lossless: bool, threads: int | None = None) -> None:
         self.target = target
+        self.threads = check_threads(threads)
         self.kernels = target.backend
         self.method = method
         self.drafter = drafter
@@ -141,28 +166,29 @@ class SpeculativeGenerator:
         state = self._state(prompt, cfg, chat)
         if state.rejection:  # the text depends on the drafts: nothing may carry over from earlier requests
             restore_request_state(self.drafter, self._fresh_drafter)
-        t0 = time.perf_counter()
-        for new in run(state, self.target.model, self.drafter):
-            yield state, new
-        self.last_result = self._result(state, time.perf_counter() - t0)
+        with torch_threads(self.threads):
+            t0 = time.perf_counter()
+            for new in run(state, self.target.model, self.drafter):
+                yield state, new
+            self.last_result = self._result(state, time.perf_counter() - t0)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
-                 stop: Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
+                 stop: str | Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
                  include_stop: bool = False) -> GenerationResult:
         """Generate from a text prompt (chat-templated unless ``chat=False``) or a list of token
         ids (used as is). Greedy when ``temperature == 0``; otherwise ``sampling`` says how (see
         :class:`~selfspec.config.GenerationConfig`): with the default ``coupled``, the same seed
         gives the same text for every method. ``seed=None`` draws one (``result.seed``)."""
         for _ in self.steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                             top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos, sampling=sampling,
+                             top_k=top_k, seed=seed, stop=stop_strings(stop), ignore_eos=ignore_eos, sampling=sampling,
                              include_stop=include_stop):
             pass
         return self.last_result
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
-               stop: Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
+               stop: str | Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
                include_stop: bool = False) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; ``last_result`` holds the stats afterwards.
         The pieces join to ``last_result.text`` (a stop string is held back, then dropped)."""
@@ -172,7 +198,7 @@ class SpeculativeGenerator:
                 yield piece
 
     def stream_steps(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                     top_k: int = 0, seed: int | None = None, chat: bool = True, stop: Sequence[str] = (),
+                     top_k: int = 0, seed: int | None = None, chat: bool = True, stop: str | Sequence[str] = (),
                      ignore_eos: bool = False, sampling: str = "coupled",
                      include_stop: bool = False) -> Iterator[tuple[str, list[int]]]:
         """Like :meth:`stream`, also yielding the ids committed at each step (the last step may
@@ -180,11 +206,11 @@ class SpeculativeGenerator:
         if self.tokenizer is None:
             raise SelfspecError("streaming text needs a tokenizer; this model has none")
         detok = IncrementalDetokenizer(self.tokenizer)
-        stops = () if include_stop else tuple(stop)
+        stops = () if include_stop else stop_strings(stop)
         text = StopTextFilter(stops)
         for state, new in self.steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature,
-                                      top_p=top_p, top_k=top_k, seed=seed, stop=tuple(stop), ignore_eos=ignore_eos,
-                                      sampling=sampling, include_stop=include_stop):
+                                      top_p=top_p, top_k=top_k, seed=seed, stop=stop_strings(stop),
+                                      ignore_eos=ignore_eos, sampling=sampling, include_stop=include_stop):
             piece = text.push(detok.push(new))
             if state.done:
                 piece += text.flush(stopped=state.finish_reason == "stop")
@@ -193,7 +219,8 @@ class SpeculativeGenerator:
 
 def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = AUTO, device: str | None = "cpu",
          dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
-         kernels: str | None = None, remeasure: bool = False, **method_options) -> SpeculativeGenerator:
+         kernels: str | None = None, remeasure: bool = False, threads: int | None = None,
+         **method_options) -> SpeculativeGenerator:
     """Load a model and a decoding method.
 
     Args:
@@ -213,8 +240,22 @@ def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = AUTO, device: s
             once per model, dtype, device and machine and cached), ``stock`` (PyTorch's kernels),
             ``onednn`` (fp32, prepacked; CPU) or ``int8`` (quantised model, opt-in). None keeps a
             loaded model's current backend.
+        threads: torch CPU threads to load, measure and generate with (restored after each call;
+            None: torch's choice, usually one per core). On a machine busy with other work,
+            ``threads=1`` can be several times faster.
         **method_options: options of the method's config, e.g. ``draft_model="..."``, ``k=4``.
     """
+    check_threads(threads)
+    with torch_threads(threads):
+        g = _load(model, method, device, dtype, trust_remote_code, self_test, kernels, remeasure, method_options)
+    g.threads = threads
+    return g
+
+
+def _load(model: str | LoadedModel, method: str, device: str | None, dtype: str | torch.dtype,
+          trust_remote_code: bool, self_test: bool, kernels: str | None, remeasure: bool,
+          method_options: dict) -> SpeculativeGenerator:
+    """:func:`load` on the threads as they are."""
     if method == AUTO:
         unknown = sorted(set(method_options) - {"draft_model"})
         if unknown:

@@ -218,8 +218,8 @@ def measure(make: Callable[[Candidate], object], cands: Sequence[Candidate], pro
         except SelfspecError as e:
             results[c.method] = Measurement(error=str(e))
             continue
-        if log:
-            log(f"{c.method} {results[c.method].tokens_per_s:.1f} tok/s")
+        if log:  # the round that picks the finalists; the choice is made on the other prompts
+            log(f"{c.method} {results[c.method].tokens_per_s:.1f} tok/s on the first {half} prompt(s)")
     ok = [c for c in cands if not results[c.method].error and results[c.method].identical]
     ranked = sorted((c for c in ok if c.method != "ar"), key=lambda c: -results[c.method].tokens_per_s)
     final = [c for c in ok if c.method == "ar"] + ranked[:finalists]
@@ -260,8 +260,10 @@ def choose(target: LoadedModel, make: Callable[[Candidate], object], draft_model
     options = next(c.options for c in cands if c.method == method)
     if progress:
         ranked = sorted(table.items(), key=lambda kv: -kv[1])
+        rest = len(prompts) - max(1, len(prompts) // 2)
         print(f"selfspec: auto: chose {method} (" + ", ".join(f"{k} {v:.1f}" for k, v in ranked)
-              + f" tok/s; {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+              + f" tok/s on the other {rest} prompt(s), finalists interleaved; {time.perf_counter() - t0:.0f} s)",
+              file=sys.stderr)
     save_cache(_cache_key(target, cands), {"method": method, "options": options, "table": table,
                                            "candidates": [c.method for c in cands], "prompts": len(prompts),
                                            "max_new_tokens": CALIBRATION_TOKENS}, "auto choice")

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .config import SAMPLING_MODES, seed_arg
+from .config import SAMPLING_MODES, seed_arg, threads_arg
 from .errors import SelfspecError
 from .options import add_method_flags, method_options
 
@@ -20,6 +20,8 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;94m", "\x1b[48;5;22m", "\x1b[48;5;90m")
 RESET = "\x1b[0m"
+THREADS_HELP = ("torch CPU threads, at least 1 (default: torch's choice, usually one per core; on a machine busy "
+                "with other work, --threads 1 can be several times faster)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,7 +86,8 @@ def _kernels_arg(many: bool):
     return parse
 
 
-def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool = False) -> None:
+def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool = False,
+                    method_flags: bool = True) -> None:
     from .models.bundled import DEFAULT_MODEL
     from .registry import AUTO
 
@@ -94,7 +97,7 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
         p.add_argument("--method", default=AUTO, help=f"decoding method: {_method_names()} (default {AUTO})")
         p.add_argument("--remeasure", action="store_true",
                        help=f"--method {AUTO}: calibrate again instead of using the cached choice")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto (CUDA if available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (float32 gives exact greedy equality; default float32)")
     p.add_argument("--kernels", default=os.environ.get("SELFSPEC_KERNELS") or "auto", type=_kernels_arg(many),
@@ -103,8 +106,9 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
                         "int8 (QUANTISED model: lossless w.r.t. the int8 model, not the fp32 one)"
                         + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    add_method_flags(p)
+    p.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
+    if method_flags:  # --k, --head, ...: not for commands that run no method (profile)
+        add_method_flags(p)
 
 
 def _add_gen_args(p: argparse.ArgumentParser) -> None:
@@ -141,13 +145,32 @@ def _setup(args: argparse.Namespace) -> None:
     if hasattr(args, "temperature"):  # validate everything cheap before loading a model
         GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                          top_k=args.top_k, seed=args.seed, stop=tuple(getattr(args, "stop", ())))
+        if args.temperature == 0 and getattr(args, "cmd", None) in ("generate", "demo"):  # --seed given: not None
+            unused = [f for f, given in (("--seed", args.seed is not None), ("--top-p", args.top_p != 1.0),
+                                         ("--top-k", args.top_k != 0)) if given]
+            if unused:
+                named = " and ".join(unused)
+                print(f"selfspec: note: {named} only appl{'ies' if len(unused) == 1 else 'y'} when sampling; at "
+                      f"--temperature 0 decoding is greedy (add --temperature > 0 to sample, or drop {named})",
+                      file=sys.stderr)
+    if getattr(args, "show_accepted", None) and getattr(args, "json", False):
+        raise SelfspecError("--show-accepted colours streamed text and --json prints one object: drop one of them")
     if getattr(args, "method", None):
         method_config(args.method, method_options(args, args.method))
     if getattr(args, "remeasure", False) and getattr(args, "method", None) not in (None, AUTO):
         raise SelfspecError(f"--remeasure applies to --method {AUTO} only")
+    _check_device(args)
 
     if args.threads:
         torch.set_num_threads(args.threads)
+
+
+def _check_device(args: argparse.Namespace) -> None:
+    """A ``--device`` this machine lacks is a one-line error before anything loads."""
+    if getattr(args, "device", None) is not None:
+        from .models.loading import resolve_device
+
+        resolve_device(args.device)
 
 
 def _load(args: argparse.Namespace, method: str | None = None, model=None):
@@ -359,6 +382,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .models.loading import load_model
     from .tune import TUNERS, TuneOptions
 
+    if args.model and args.model_flag and args.model != args.model_flag:
+        raise SelfspecError(f"two models given ({args.model} and --model {args.model_flag}); give one")
+    args.model = args.model_flag or args.model
+    if not args.model:
+        raise SelfspecError("selfspec tune needs a model: --model MODEL (see selfspec tune --help)")
     if args.method not in TUNERS:
         raise SelfspecError(f"selfspec tune supports --method {', '.join(TUNERS)} only, not {args.method!r}")
     opts = TuneOptions(objective=args.objective, trials=args.trials, time_budget=args.time_budget,
@@ -367,6 +395,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        state_dir=args.state or "", fresh=args.fresh, out=args.out or "",
                        draft_vocab=args.draft_vocab, draft_kernels=args.draft_kernels)
     opts.check()
+    _check_device(args)
     if args.threads:
         import torch
 
@@ -380,6 +409,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"skip {len(cfg.skip_attention)} attention + {len(cfg.skip_mlp)} MLP of {2 * cfg.num_layers} sub-layers "
           f"(attention {list(cfg.skip_attention)}, MLP {list(cfg.skip_mlp)}); {what}; {s['trials']} trials")
     print(f"skip config: {path}")
+    from .tune.self_spec import SLOWER_FILE
+
+    if path.name == SLOWER_FILE and not args.out:
+        print(f"not installed: it measured {s.get('speedup', s.get('measured_speedup', 0)):.2f}x ar, slower than "
+              f"plain decoding, so --method self-spec keeps its current config; try more --trials, or use it anyway "
+              f"with --skip-config {path}")
     return 0
 
 
@@ -389,9 +424,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from .drafters.eagle import EAGLE2, HASS
     from .heads import find_head_dir
-    from .heads.export import default_dtype, export_head, serve_hint
+    from .heads.export import check_export_dir, default_dtype, export_head, serve_hint
     from .models.loading import load_model
 
+    check_export_dir(args.out)  # before the model loads
     target = load_model(args.model, "cpu", "float32", args.trust_remote_code)
     head = args.head
     if head in (EAGLE2.name, HASS.name) and not Path(head).is_dir():  # the model's installed head
@@ -403,10 +439,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     dtype = args.dtype or default_dtype(target.path)
     res = export_head(head, target.model, args.engine, args.out, dtype, args.with_embeddings)
     print(f"{args.engine} EAGLE draft: {res.out} ({', '.join(res.files)}; {res.dtype})")
-    for note in res.notes:
-        print(f"note: {note}")
-    for line in serve_hint(res, str(target.path or target.name), target.path):
-        print(line)
+    hint = serve_hint(res, str(target.path or target.name), target.path)
+    for note in [*(f"note: {n}" for n in res.notes), *(h for h in hint if h.startswith("note:"))]:
+        print(note)  # what needs doing first, then the command
+    for line in hint:
+        if not line.startswith("note:"):
+            print(line)
     return 0
 
 
@@ -447,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_models)
 
     pr = sub.add_parser("profile", help="measure the verify cost curve T(q) on this machine (drafters use it)")
-    _add_model_args(pr, method=False)
+    _add_model_args(pr, method=False, method_flags=False)
     pr.add_argument("--max-q", type=int, default=64,
                     help="largest block size measured (default 64; a cached profile that stops short of it is "
                          "measured again)")
@@ -460,7 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     tunable = "; ".join(f"{m}: {what}" for m, what in TUNES.items())
     t = sub.add_parser("tune", help=f"search a method's configuration ({tunable})")
-    t.add_argument("model", help="bundled name, local HF directory, .gguf file or hub id")
+    t.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="bundled name, local HF directory, .gguf file or hub id (or give it as --model)")
+    t.add_argument("--model", dest="model_flag", default=None, metavar="MODEL",
+                   help="the model, as for every other command (the same as the positional MODEL)")
     t.add_argument("--method", default=next(iter(TUNES)), help=f"method to tune ({', '.join(TUNES)})")
     t.add_argument("--objective", default="speed", choices=["speed", "proxy"],
                    help="speed: measured decode tokens/s (default, the paper's); proxy: teacher-forced agreement "
@@ -485,12 +526,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--fresh", action="store_true", help="start over instead of resuming the search state")
     t.add_argument("--out", default=None,
                    help="skip config path (default: $SELFSPEC_HOME/skip_configs/MODEL.json, used automatically)")
-    t.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
+    t.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto (CUDA if available)")
     t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     t.add_argument("--kernels", default=os.environ.get("SELFSPEC_KERNELS") or "auto", type=_kernels_arg(False),
                    help="tune on this linear-layer backend (use the one you will decode with; default auto)")
     t.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
     t.set_defaults(func=cmd_tune)
 
     from .train.command import add_train_parser
@@ -524,11 +565,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_args(b)
     _add_model_args(b, method=False, many=True)
     b.set_defaults(func=cmd_bench)
+    for action in sub._choices_actions:  # each command's --help starts with what it does, as train's do
+        command = sub.choices[action.dest]
+        if command.description is None:
+            command.description = action.help
+    for action in msub._choices_actions:
+        if msub.choices[action.dest].description is None:
+            msub.choices[action.dest].description = action.help
     return p
+
+
+def _resume_hint(args: argparse.Namespace | None) -> str:
+    """How to continue an interrupted command that keeps its progress (train, bench: --resume;
+    tune: its --state), or nothing."""
+    if args is None:
+        return ""
+    if hasattr(args, "resume"):  # train, bench: checkpoints / records in --out
+        again = "run the same command again" if args.resume else "run the same command with --resume"
+        return f"; {again} to continue from where it stopped (--out {args.out})"
+    if getattr(args, "cmd", None) == "tune" and getattr(args, "state", None):
+        return f"; run the same command again to continue the search (--state {args.state})"
+    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = None
     try:  # Ctrl-C at any time, the imports of building the parser and loading a model included
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -536,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"selfspec: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("selfspec: interrupted", file=sys.stderr)
+        print(f"selfspec: interrupted{_resume_hint(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`selfspec models list | head -1`): no traceback
         import contextlib

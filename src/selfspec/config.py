@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import SelfspecError
 
 SAMPLING_MODES = ("coupled", "rejection")  # see selfspec.core.sampling
+
+
+def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``stop`` as a tuple of stop strings: a plain string is ONE stop string (as in the OpenAI
+    API), not one per character; None is none."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    return tuple(stop)
 
 
 def seed_arg(value: str) -> int:
@@ -23,6 +34,30 @@ def seed_arg(value: str) -> int:
     return seed
 
 
+def check_threads(threads: object, name: str = "threads") -> int | None:
+    """``threads`` (CPU threads of torch) as an int >= 1, or None for torch's choice; else a
+    one-line error naming ``name``."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise SelfspecError(f"{name} must be an integer >= 1 (or left out for torch's choice), not {threads!r}")
+    return threads
+
+
+def threads_arg(value: str) -> int:
+    """``argparse`` type of every ``--threads``: an integer >= 1 (0 used to be silently ignored)."""
+    import argparse
+
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid thread count {value!r}: use an integer >= 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"the thread count must be at least 1, not {n}; leave --threads out for "
+                                         "torch's choice")
+    return n
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """What to generate. ``temperature == 0`` is greedy decoding.
@@ -35,7 +70,8 @@ class GenerationConfig:
         seed: seed of the sampler (>= 0); None draws a fresh one, which the result reports so
             the run can be reproduced.
         stop: stop strings; generation ends after the token that completes one, and the text
-            ends before the stop string (as in the OpenAI API) unless ``include_stop``.
+            ends before the stop string (as in the OpenAI API) unless ``include_stop``. A plain
+            string is one stop string.
         ignore_eos: keep generating past end-of-sequence tokens (benchmarks, tests).
         sampling: ``coupled`` (default: Gumbel-max noise keyed by (seed, position), so a seed
             gives the same text for every method) or ``rejection`` (speculative rejection
@@ -73,5 +109,6 @@ class GenerationConfig:
                                 f"got {self.seed!r}")
         if self.sampling not in SAMPLING_MODES:
             raise SelfspecError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {self.sampling!r}")
+        object.__setattr__(self, "stop", stop_strings(self.stop))  # frozen: normalised once, here
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise SelfspecError("stop strings must be non-empty strings")

@@ -86,14 +86,17 @@ def _flag_help(flag: str, every: dict[str, list[FlagUse]]) -> str:
     jacobi (m): ..."`` (methods with the same field, help and default share one entry), and for
     which methods it changes what another flag sets."""
     groups: dict[tuple, list[str]] = {}
-    for u in every[flag]:
-        groups.setdefault((u.field, u.help, u.default, u.value, u.when, u.unless), []).append(u.method)
+    for u in every[flag]:  # a switch's entries group by what they set (their fields' help is the option's)
+        key = (u.field, "", None, u.value, u.when, u.unless) if u.value is not None else \
+            (u.field, u.help, u.default, u.value, u.when, u.unless)
+        groups.setdefault(key, []).append(u.method)
     parts = []
     for (field, text, default, value, when, unless), methods in groups.items():
         cond = f", with {when}" if when else f", without {unless}" if unless else ""
         who = ", ".join(methods)
-        if value is not None:  # a switch
-            parts.append(f"{who}: sets {field} to {value} ({field}: {text})")
+        if value is not None:  # a switch: one entry per field, with its shortest help (it was a paragraph a method)
+            short = min((u.help for u in every[flag] if u.field == field and u.help), key=len, default="")
+            parts.append(f"{who}: sets {field} to {value}" + (f" ({field}: {short})" if short else ""))
         else:
             shown = default not in (None, "")
             parts.append(f"{who} ({field}{cond}): {text}{f' (default {default})' if shown else ''}")

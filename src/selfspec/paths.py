@@ -43,6 +43,38 @@ def can_write(d: Path) -> bool:
     return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
 
 
+def check_output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """``path`` as a directory that an output can be written into, checked without creating it
+    (so a command can refuse before loading a model): it is a writable directory, or it can be
+    created (its nearest existing ancestor is a writable directory). Else a one-line error that
+    names ``flag``."""
+    p = Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise SelfspecError(f"{flag} {path} is a file, not a directory; pass a directory")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise SelfspecError(f"{flag} {path} is not writable; pass a directory you can write to")
+        return p
+    a = p.absolute().parent
+    while not os.path.exists(a) and a.parent != a:
+        a = a.parent
+    if not os.path.isdir(a):
+        raise SelfspecError(f"{flag} {path} cannot be created: {a} is a file, not a directory")
+    if not os.access(a, os.W_OK | os.X_OK):
+        raise SelfspecError(f"{flag} {path} cannot be created: {a} is not writable")
+    return p
+
+
+def check_output_file(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """``path`` as a file that can be written (its directory exists or can be created, and it is
+    not a directory), checked without creating anything; else a one-line error naming ``flag``."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise SelfspecError(f"{flag} {path} is a directory; pass a file name")
+    check_output_dir(p.absolute().parent, flag=f"{flag} {path}: its directory")
+    return p
+
+
 def writable_cache_dir(sub: str) -> Path | None:
     """Where a run-time cache under ``sub`` is written: ``$SELFSPEC_HOME/<sub>`` when it can be
     written, else the per-user :func:`user_cache_dir` ``/<sub>``, else None (nothing is written)."""

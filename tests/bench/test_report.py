@@ -107,3 +107,35 @@ def test_contended_runs_are_counted_and_marked(tmp_path):
     meta["environment"]["contended"] = False
     write_report(tmp_path, meta, summarize(records[1:], ["ar", "pld"]))
     assert "Contended" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_machine_line_is_words_not_a_cache_key(tmp_path):
+    from selfspec.bench.report import write_report
+
+    records = [rec("a", "ar", "x", 10, 1.0, 10), rec("a", "pld", "x", 10, 0.5, 5)]
+    meta = {"model": "m", "dataset": "d", "prompts": 1, "repeats": 1, "generation": {"max_new_tokens": 10,
+            "temperature": 0.0}, "environment": {"machine": "Intel Xeon Gold|threads=2|torch=2.9", "threads": 2,
+                                                 "cpu_flags": "avx2+avx512f", "torch": "2.9", "transformers": "5",
+                                                 "git": "g"}}
+    write_report(tmp_path, meta, summarize(records, ["ar", "pld"]))
+    md = (tmp_path / "report.md").read_text()
+    assert "Machine: Intel Xeon Gold, 2 threads, avx2+avx512f; torch 2.9" in md and "|threads=" not in md
+
+
+def test_plots_draw_no_empty_series_and_centre_their_bars():
+    """With ar on oneDNN, `hf` (no stock ar to compare with) was drawn as a name without a bar,
+    `ar@onednn` as a histogram legend entry without bars, and bars sat off their ticks."""
+    from collections import Counter
+
+    from selfspec.bench.plots import bar_offsets, histogram_series, speedup_series
+
+    def step_rec(method, committed, drafted):
+        return {"method": method, "committed_per_step": committed, "drafted_per_step": drafted}
+
+    summary = {"ar@onednn": {"baseline": "ar@onednn", "tau": 1.0, "speedup": 1.0, "by_category": {"code": 1.0}},
+               "pld@onednn": {"baseline": "ar@onednn", "tau": 1.6, "speedup": 1.3, "by_category": {"code": 1.3}},
+               "hf": {"baseline": "ar", "tau": None, "speedup": None, "by_category": {"code": None}}}
+    records = [step_rec("ar@onednn", [1, 1, 1], [0, 0, 0]), step_rec("pld@onednn", [1, 3, 1, 2], [0, 4, 0, 4])]
+    assert speedup_series(summary) == ["pld@onednn"]
+    assert histogram_series(summary, records) == {"pld@onednn": Counter({3: 1, 2: 1})}
+    assert bar_offsets(1, 0.8) == [0.0] and bar_offsets(2, 0.4) == [-0.2, 0.2]

@@ -62,6 +62,14 @@ def test_bad_dataset_is_a_clear_error(tiny_dir, tmp_path, capsys):
     assert "prompt" in capsys.readouterr().err
 
 
+def test_an_out_that_cannot_be_created_is_one_line_before_loading(refuse_loading, tiny_dir, dataset, tmp_path, capsys):
+    """It used to end in NotADirectoryError."""
+    (tmp_path / "a-file").write_text("")
+    assert bench(tiny_dir, dataset, tmp_path / "a-file" / "x") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {tmp_path / 'a-file' / 'x'} cannot be created" in err
+
+
 def test_bench_compares_kernels_backends_in_one_run(tiny_dir, dataset, tmp_path):
     out = tmp_path / "run"
     code = main(["bench", "--model", str(tiny_dir), "--methods", "ar,pld", "--peers", "hf", "--kernels",
@@ -133,7 +141,7 @@ def test_contended_runs_are_recorded_and_flagged(tiny_dir, dataset, tmp_path, mo
     out = tmp_path / "busy"
     monkeypatch.setattr(LoadMonitor, "contended", property(lambda self: True))
     assert main(["bench", "--model", str(tiny_dir), "--methods", "ar,pld", "--kernels", "stock", "--dataset",
-                 str(dataset), "--max-new-tokens", "6", "--out", str(out)]) == 0
+                 str(dataset), "--max-new-tokens", "6", "--out", str(out), "--threads", "2"]) == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert all(r["contended"] is True for r in records)
     rep = json.loads((out / "report.json").read_text())
@@ -141,4 +149,5 @@ def test_contended_runs_are_recorded_and_flagged(tiny_dir, dataset, tmp_path, mo
     assert json.loads((out / "meta.json").read_text())["environment"]["contended"] is True
     md = (out / "report.md").read_text()
     assert "**Contended: the machine was busy" in md and "ar 3/3, pld 3/3" in md
-    assert "machine was busy during the timing" in capsys.readouterr().err
+    busy = [line for line in capsys.readouterr().err.splitlines() if "machine was busy during the timing" in line]
+    assert len(busy) == 1 and busy[0].endswith("try --threads 1 (now 2)")  # the advice that helps

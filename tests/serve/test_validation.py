@@ -148,3 +148,11 @@ def test_api_key_on_every_route_but_health(server):
     assert http().get(server.url + "/metrics", headers=AUTH).status_code == 200
     assert metric(server, "requests_total", status="401") == before + 8
     assert client(server).models.list().data[0].id == "tiny"
+
+
+@pytest.mark.parametrize("prompt", [[5, 100000], [5, -1]])
+def test_a_token_id_outside_the_vocabulary_has_an_error_code(server, prompt):
+    """Its error code was null."""
+    err = check_error(http().post(server.url + COMP, json={"prompt": prompt}, headers=AUTH, timeout=30), 400,
+                      "prompt")
+    assert err["code"] == "invalid_prompt" and "vocabulary" in err["message"]

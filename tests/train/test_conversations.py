@@ -62,8 +62,13 @@ def test_jsonl_conversations_and_bad_line(tmp_path):
     with pytest.raises(SelfspecError, match=r"c\.jsonl: line 2"):
         load_jsonl_conversations(path)
     path.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}]}) + "\n")
-    with pytest.raises(SelfspecError, match="line 1"):
-        load_jsonl_conversations(path)
+    with pytest.raises(SelfspecError, match="line 1: message 1 has role 'system'; each line needs 'messages'"):
+        load_jsonl_conversations(path)  # says what is wrong with the line, not only what a line needs
+    for bad, says in [({"id": 1}, "no 'messages' list"), ({"messages": []}, "'messages' is not a non-empty list"),
+                      ({"messages": [{"role": "user", "content": 3}]}, "message 1 has no string 'content'")]:
+        path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(SelfspecError, match=f"line 2: {says}"):
+            load_jsonl_conversations(path)
 
 
 def test_exclude_prompts_both_directions():

@@ -128,7 +128,43 @@ def test_resume_refuses_other_options_and_max_steps(tmp_path):
     res, saved = run(tmp_path / "a", opts)
     assert res["steps"] == 4 and set(res) >= {"loss", "acc1", "tokens"} and res["tokens"] == 2
     assert run(tmp_path / "a", opts, resume=True)[0]["steps"] == 4  # nothing left to do
-    with pytest.raises(SelfspecError, match="other options"):
+    with pytest.raises(SelfspecError, match=r"other options \(run: 1 -> 2\)"):  # names what changed
         run(tmp_path / "a", opts, resume=True, options={"run": 2})
     with pytest.raises(SelfspecError, match="no batch"):
         run(tmp_path / "b", opts, items_=[])
+
+
+def test_a_new_run_refuses_to_start_over_an_earlier_one(tmp_path, monkeypatch):
+    """Without resume, a run into a directory that holds an interrupted or a finished run is
+    refused, and its checkpoints, history and results are kept (they used to be deleted)."""
+    opts = loop.LoopOptions(epochs=1, max_steps=6, batch_size=4, checkpoint_every=2)
+    real = loop._checkpoint
+
+    def stop_at_second(acc, ckdir, state):
+        real(acc, ckdir, state)
+        if state["step"] == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "_checkpoint", stop_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", opts)
+    monkeypatch.setattr(loop, "_checkpoint", real)
+    before = sorted(p.name for p in (tmp_path / "cut" / "train" / "checkpoints").iterdir())
+    with pytest.raises(SelfspecError, match=r"training run \(checkpoint at step 4\); pass --resume .* another --out"):
+        run(tmp_path / "cut", opts)
+    assert sorted(p.name for p in (tmp_path / "cut" / "train" / "checkpoints").iterdir()) == before == \
+        ["step_2", "step_4"]
+    assert run(tmp_path / "cut", opts, resume=True)[0]["steps"] == 6
+
+    (tmp_path / "done" / "train").mkdir(parents=True)  # finished, its checkpoints since deleted
+    (tmp_path / "done" / "train" / "history.json").write_text("{}")
+    with pytest.raises(SelfspecError, match="finished training run"):
+        run(tmp_path / "done", opts)
+    with pytest.raises(SelfspecError, match="no checkpoint to --resume from"):
+        run(tmp_path / "done", opts, resume=True)
+    assert (tmp_path / "done" / "train" / "history.json").read_text() == "{}"
+
+
+def test_options_diff_names_the_changed_options():
+    assert loop.options_diff({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5, "d": 3}, "e": 0}) == \
+        ["b.c: 2 -> 5", "e: None -> 0"]

@@ -133,3 +133,67 @@ def test_self_distillation_replaces_answers_and_resumes(tiny_dir, data_file, tmp
     assert len(answers) == 40 and all(len(a["answer"].split()) <= 6 for a in answers)
     assert train(tiny_dir, data_file, tmp_path / "h2", *args) == 0  # cached answers and features reused
     assert len((tmp_path / "f" / "answers.jsonl").read_text().splitlines()) == 40
+
+
+@pytest.mark.parametrize("objective,left", [
+    ("hass", "train/checkpoints/step_40/trainer_state.json"),  # interrupted at step 40
+    ("hass", "selfspec_head.json"),  # a finished head
+    ("sdsat", "train/checkpoints/step_40/trainer_state.json"),
+    ("sdsat", "selfspec_finetune.json"),  # a finished model
+])
+def test_training_into_an_earlier_run_without_resume_is_refused_before_loading(refuse_loading, tmp_path, capsys,
+                                                                              objective, left):
+    """One forgotten --resume used to restart at step 0 and delete the checkpoints (or overwrite a
+    finished head): now one line that names --resume and --out, exit 2, every file kept, and the
+    model is not even loaded."""
+    out = tmp_path / "run"
+    (out / left).parent.mkdir(parents=True, exist_ok=True)
+    (out / left).write_text('{"step": 40}')
+    (out / "features").mkdir()
+    (out / "features" / "shard_0.pt").write_text("x")
+    before = sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file())
+    code = main(["train", objective, "--model", "any-model", "--data", "code:4", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("selfspec: error: --out ")
+    assert "--resume" in err and "another --out" in err and "Traceback" not in err
+    assert sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file()) == before
+
+
+@pytest.mark.parametrize("data,says", [("/no/such/conv.jsonl", "--data file /no/such/conv.jsonl not found"),
+                                       ("missing.jsonl", "--data file missing.jsonl not found"),
+                                       ("code:4,sharegpt:x", "must be an integer")])
+def test_bad_data_is_named_before_loading(refuse_loading, tmp_path, capsys, data, says):
+    assert main(["train", "hass", "--model", "m", "--data", data, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+
+
+@pytest.mark.parametrize("objective", ["hass", "sdsat"])
+def test_an_out_that_cannot_be_created_is_one_line_before_loading(refuse_loading, tmp_path, capsys, objective):
+    (tmp_path / "a-file").write_text("")
+    assert main(["train", objective, "--model", "m", "--data", "code:4", "--out", str(tmp_path / "a-file" / "x"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "is a file, not a directory" in err
+
+
+@pytest.mark.parametrize("objective,flag,value,says", [
+    ("hass", "--epochs", "0", "--epochs must be at least 1, not 0"),
+    ("sdsat", "--epochs", "0", "--epochs must be at least 1, not 0"),
+    ("hass", "--max-steps", "-1", "--max-steps must be at least 0, not -1"),
+    ("hass", "--lr", "0", "--lr must be > 0, not 0.0"),
+])
+def test_a_bad_number_names_its_one_flag(refuse_loading, tmp_path, capsys, objective, flag, value, says):
+    """`--epochs 0` used to name six flags ("train needs --passes >= 1, --topk >= 1, ...")."""
+    assert main(["train", objective, "--model", "m", "--data", "code:4", "--out", str(tmp_path / "o"), flag,
+                 value]) == 2
+    err = capsys.readouterr().err
+    assert err == f"selfspec: error: {says}\n"
+
+
+def test_train_hass_takes_max_steps(tiny_dir, data_file, tmp_path, monkeypatch):
+    """sdsat, space, msn and sft had --max-steps; hass had not."""
+    monkeypatch.setattr(pipeline, "evaluation_prompts", lambda: [])
+    assert train(tiny_dir, data_file, tmp_path / "h", "--max-steps", "3", "--epochs", "5") == 0
+    meta = json.loads((tmp_path / "h" / "selfspec_head.json").read_text())
+    assert meta["steps"] == 3 and meta["options"]["max_steps"] == 3

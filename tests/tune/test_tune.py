@@ -77,6 +77,32 @@ def test_tune_bad_input(tiny_dir, tmp_path, calib, capsys, args, msg):
     assert msg in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("args,msg", [
+    (["--out", "{tmp}/a-file/skip.json"], "is a file, not a directory"),
+    (["--state", "{tmp}/a-file/state"], "--state {tmp}/a-file/state cannot be created: {tmp}/a-file is a file"),
+    (["--device", "mps"], "MPS (Apple GPU) is not available"),
+])
+def test_tune_refuses_outputs_and_devices_before_loading(refuse_loading, tiny_dir, tmp_path, calib, capsys, monkeypatch,
+                                                         args, msg):
+    import selfspec.models.loading as loading
+
+    monkeypatch.setattr(loading, "_mps_available", lambda: False)
+    (tmp_path / "a-file").write_text("")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", *args) == 2
+    err = capsys.readouterr().err
+    assert msg.replace("{tmp}", str(tmp_path)) in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_tune_takes_the_model_as_model_flag_too(tiny_dir, tmp_path, calib, capsys):
+    """Every other command takes --model; tune took only a positional MODEL."""
+    assert main(["tune", "--model", str(tiny_dir), "--prompts", str(calib), "--calib-prompts", "2", "--calib-tokens",
+                 "6", "--objective", "proxy", "--trials", "3", "--out", str(tmp_path / "skip.json")]) == 0
+    assert (tmp_path / "skip.json").is_file()
+    assert main(["tune", "a", "--model", "b"]) == 2 and "two models given" in capsys.readouterr().err
+    assert main(["tune"]) == 2 and "needs a model: --model MODEL" in capsys.readouterr().err
+
+
 def test_tune_under_int8_drafts_and_a_reduced_vocab(tiny_dir, tmp_path, calib, capsys):
     """The search scores drafts as they will run (int8 copy, reduced LM head), stores both in the
     skip config, and self-spec then drafts that way with output unchanged."""
@@ -96,3 +122,23 @@ def test_tune_under_int8_drafts_and_a_reduced_vocab(tiny_dir, tmp_path, calib, c
     capsys.readouterr()
     assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "5", "--draft-vocab", "-1",
                  "--fresh") == 2
+
+
+def test_a_result_slower_than_ar_is_not_installed(tiny_dir, tmp_path, calib, capsys, monkeypatch):
+    """tune saved, and self-spec then used by itself, a skip config that measured 0.94x ar."""
+    import selfspec.tune.self_spec as ts
+    from selfspec.drafters.skip_config import user_config_path
+    from selfspec.models.skipping import SkipSet
+    from selfspec.tune.search import SearchResult
+
+    skip = SkipSet(attention=(1,), mlp=())
+    monkeypatch.setattr(ts, "search", lambda *a, **k: SearchResult(skip, 9.4, {"tokens_per_s": 9.4, "speedup": 0.94},
+                                                                   3, 1.0, [(9.4, skip, {})]))
+    argv = ["tune", "--model", str(tiny_dir), "--prompts", str(calib), "--calib-prompts", "2", "--calib-tokens", "6",
+            "--state", str(tmp_path / "state"), "--trials", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert not user_config_path(str(tiny_dir)).exists() and (tmp_path / "state" / ts.SLOWER_FILE).is_file()
+    assert "not installed: it measured 0.94x ar" in out and f"--skip-config {tmp_path / 'state'}" in out
+    assert main([*argv, "--out", str(tmp_path / "mine.json")]) == 0  # asked for by name: written there
+    assert (tmp_path / "mine.json").is_file() and "not installed" not in capsys.readouterr().out

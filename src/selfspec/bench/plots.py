@@ -26,23 +26,54 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
+def is_baseline(name: str, s: dict) -> bool:
+    """``ar`` on any kernels backend (``ar``, ``ar@onednn``): the 1.0 every speedup is against."""
+    return s.get("baseline", "ar") == name or name.split("@", 1)[0] == "ar"
+
+
+def speedup_series(summary: dict) -> list[str]:
+    """The methods and peers drawn in the speedup-by-category plot: not a baseline, and with a
+    speedup in some category (a peer without its baseline drew a name with no bar)."""
+    return [n for n, s in summary.items() if not is_baseline(n, s)
+            and any(v is not None for v in s.get("by_category", {}).values())]
+
+
+def histogram_series(summary: dict, records: list[dict]) -> dict[str, Counter]:
+    """Per method that verified drafts: how many tokens each such step committed (the baselines,
+    which never draft, drew an empty legend entry)."""
+    out = {}
+    for n, s in summary.items():
+        if not s.get("tau") or is_baseline(n, s):
+            continue
+        c = Counter(x for r in records if r["method"] == n
+                    for x, d in zip(r.get("committed_per_step", [])[1:], r.get("drafted_per_step", [])[1:]) if d)
+        if c:
+            out[n] = c
+    return out
+
+
+def bar_offsets(count: int, width: float) -> list[float]:
+    """Offsets of ``count`` side-by-side bars of ``width`` centred on their tick."""
+    return [(i - (count - 1) / 2) * width for i in range(count)]
+
+
 def plot_all(out: Path, summary: dict, records: list[dict], profiles: dict[str, dict] | None,
              title: str) -> list[Path]:
     """Write the plots into ``out``; returns their paths."""
     plt = _plt()
     paths = []
-    names = [n for n, s in summary.items() if n != "ar" and s.get("baseline", "ar") != n]
+    names = speedup_series(summary)
 
     # 1. speedup by category and method
-    cats = sorted({c for s in summary.values() for c in s["by_category"]})
+    cats = sorted({c for n in names for c in summary[n]["by_category"]})
     if names and cats:
         fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) + 2), 4))
         width = 0.8 / len(names)
-        for i, n in enumerate(names):
+        for n, dx in zip(names, bar_offsets(len(names), width)):
             vals = [summary[n]["by_category"].get(c) or 0 for c in cats]
-            ax.bar([x + i * width for x in range(len(cats))], vals, width, label=n)
+            ax.bar([x + dx for x in range(len(cats))], vals, width, label=n)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cats))], cats, rotation=30, ha="right")
+        ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
         ax.set_ylabel("speedup vs ar (tokens/s ratio)")
         ax.set_title(f"{title}: speedup by category")
         ax.legend(fontsize=8)
@@ -50,8 +81,8 @@ def plot_all(out: Path, summary: dict, records: list[dict], profiles: dict[str, 
 
     # 2. overall speedup and tau per method
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    all_names = list(summary)
-    a1.bar(all_names, [summary[n]["speedup"] or 0 for n in all_names], color="tab:blue")
+    all_names = [n for n in summary if summary[n].get("speedup") is not None]
+    a1.bar(all_names, [summary[n]["speedup"] for n in all_names], color="tab:blue")
     a1.axhline(1.0, color="black", lw=0.8, ls="--")
     a1.set_ylabel("speedup vs ar")
     a1.set_title("overall speedup")
@@ -65,17 +96,15 @@ def plot_all(out: Path, summary: dict, records: list[dict], profiles: dict[str, 
     paths.append(_save(plt, fig, out / "speedup_tau.png"))
 
     # 3. tokens committed per step (acceptance-length histogram)
-    methods = [n for n in summary if summary[n].get("tau") and n != "ar"]
-    if methods:
+    hist = histogram_series(summary, records)
+    if hist:
         fig, ax = plt.subplots(figsize=(7, 3.6))
-        width = 0.8 / len(methods)
+        width = 0.8 / len(hist)
         top = 1
-        for i, n in enumerate(methods):
-            c = Counter(x for r in records if r["method"] == n
-                        for x, d in zip(r.get("committed_per_step", [])[1:], r.get("drafted_per_step", [])[1:]) if d)
-            total = sum(c.values()) or 1
-            top = max(top, max(c, default=1))
-            ax.bar([k + i * width for k in sorted(c)], [c[k] / total for k in sorted(c)], width, label=n)
+        for (n, c), dx in zip(hist.items(), bar_offsets(len(hist), width)):
+            total = sum(c.values())
+            top = max(top, max(c))
+            ax.bar([k + dx for k in sorted(c)], [c[k] / total for k in sorted(c)], width, label=n)
         ax.set_xticks(range(1, top + 1))
         ax.set_xlabel("tokens committed in one verify step (accepted drafts + 1)")
         ax.set_ylabel("fraction of steps that verified drafts")

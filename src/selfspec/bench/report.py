@@ -134,6 +134,15 @@ def sampling_note(g: dict) -> str:
     return f"{extra} (sampling {g.get('sampling', 'rejection')}, seed {g.get('seed')})"
 
 
+def machine_words(env: dict) -> str:
+    """The machine as a reader wants it (``Intel Xeon ..., 2 threads, avx2+avx512f``), not the
+    cost-profile cache key it is recorded as (``CPU|threads=2|torch=2.x``)."""
+    cpu, *rest = str(env.get("machine", "")).split("|")
+    threads = env.get("threads") or next((r.split("=", 1)[1] for r in rest if r.startswith("threads=")), None)
+    flags = env.get("cpu_flags")
+    return cpu + (f", {threads} threads" if threads else "") + (f", {flags}" if flags else "")
+
+
 def write_report(out: Path, meta: dict, summary: dict) -> None:
     (out / "report.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     env = meta["environment"]
@@ -142,7 +151,7 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         f"# selfspec bench: {meta['model']}",
         "",
         f"Dataset `{meta['dataset']}` ({meta['prompts']} prompts), max_new_tokens {g['max_new_tokens']}, "
-        f"temperature {g['temperature']}{sampling_note(g)}, repeats {meta['repeats']}. Machine: {env['machine']}; "
+        f"temperature {g['temperature']}{sampling_note(g)}, repeats {meta['repeats']}. Machine: {machine_words(env)}; "
         f"torch {env['torch']}, transformers {env['transformers']}, git {env['git']}.",
         "",
         "Speedup is against `ar` on the same kernels backend; `vs hf` against `transformers` `generate` "

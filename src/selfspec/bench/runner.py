@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ..config import SAMPLING_MODES, seed_arg
 from ..errors import SelfspecError
+from ..paths import check_output_dir
 from .datasets import Prompt, load_dataset
 from .peers import PEERS, run_peer
 from .report import summarize, write_report
@@ -35,17 +36,24 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-category", type=int, default=None,
                    help="first N questions of every category only (a balanced subset; before --limit)")
     p.add_argument("--turns", type=int, default=BenchOptions.turns, choices=[1, 2], help="MT-bench turns (default 1)")
-    p.add_argument("--max-new-tokens", type=int, default=BenchOptions.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=BenchOptions.temperature)
-    p.add_argument("--top-p", type=float, default=BenchOptions.top_p)
-    p.add_argument("--top-k", type=int, default=BenchOptions.top_k)
-    p.add_argument("--seed", type=seed_arg, default=BenchOptions.seed)
+    p.add_argument("--max-new-tokens", type=int, default=BenchOptions.max_new_tokens,
+                   help=f"generated tokens per prompt at most (default {BenchOptions.max_new_tokens})")
+    p.add_argument("--temperature", type=float, default=BenchOptions.temperature,
+                   help=f"0 = greedy (default {BenchOptions.temperature:g}); > 0 samples")
+    p.add_argument("--top-p", type=float, default=BenchOptions.top_p,
+                   help=f"nucleus sampling mass in (0, 1] when sampling (default {BenchOptions.top_p:g} = off)")
+    p.add_argument("--top-k", type=int, default=BenchOptions.top_k,
+                   help=f"sample among the k most likely tokens (default {BenchOptions.top_k} = off)")
+    p.add_argument("--seed", type=seed_arg, default=BenchOptions.seed,
+                   help=f"seed of the sampler when sampling (default {BenchOptions.seed})")
     p.add_argument("--sampling", default=BenchOptions.sampling, choices=SAMPLING_MODES,
                    help="how our methods sample when --temperature > 0 (default coupled; see docs/sampling.md)")
-    p.add_argument("--repeats", type=int, default=BenchOptions.repeats)
+    p.add_argument("--repeats", type=int, default=BenchOptions.repeats,
+                   help=f"timed runs of every prompt and method (default {BenchOptions.repeats})")
     p.add_argument("--pld-tokens", type=int, default=BenchOptions.pld_tokens,
                    help="prompt_lookup_num_tokens of the hf-pld peer")
-    p.add_argument("--out", default=BenchOptions.out, help="output directory (records.jsonl, report.md, report.json)")
+    p.add_argument("--out", default=BenchOptions.out,
+                   help=f"output directory: records.jsonl, report.md, report.json, plots (default {BenchOptions.out})")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
 
 
@@ -185,6 +193,7 @@ def run_bench(args: BenchOptions) -> int:
         raise SelfspecError("peer hf-assisted needs --draft-model")
     if args.repeats < 1:
         raise SelfspecError("--repeats must be at least 1")
+    check_output_dir(args.out)  # before the prompts and the model load
     gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                top_k=args.top_k, seed=args.seed, sampling=args.sampling)
     GenerationConfig(**gen)  # validate before loading anything
@@ -313,6 +322,8 @@ def run_bench(args: BenchOptions) -> int:
             bar.update()
 
     run_load.stop()
+    from ..core.cost import threads_hint
+
     records = [r for r in done.values() if r["method"] in names and r["prompt_id"] in {p.id for p in prompts}]
     busy = sum(1 for r in records if r.get("contended"))
     meta["environment"]["contended"] = run_load.contended or busy > 0
@@ -321,7 +332,7 @@ def run_bench(args: BenchOptions) -> int:
     if meta["environment"]["contended"]:
         print(f"selfspec: machine was busy during the timing ({busy} of {len(records)} timed runs contended; "
               f"load up to {run_load.load or 0:.1f} on {run_load.summary()['machine_cores']} cores): speedups are "
-              "noisy", file=sys.stderr)
+              f"noisy{threads_hint()}", file=sys.stderr)
     baselines = {n: entry_name("ar", backend_of[n]) for n in generators}
     summary = summarize(records, names, baselines)
     by_id = {p.id: p for p in prompts}

@@ -576,11 +576,21 @@ class LoadMonitor:
                 "others_share": r(self.others_share), "steal_share": r(self.steal_share), "wall_s": r(self.wall)}
 
     def note(self) -> str | None:
-        """One line for stderr when contended, else None."""
+        """One line for stderr when contended, else None. It names the other processes' share
+        only where that share is what made the run contended (a "0%" beside "busy" read as a
+        contradiction), and suggests fewer threads when we ran on several."""
         if not self.contended:
             return None
         load = f"load {self.load:.1f}" if self.load is not None else "load unknown"
         others = (f"; other processes took {self.others_share:.0%} of our {self.cores} CPUs"
-                  if self.others_share is not None and self.wall >= MIN_STAT_WALL_S else "")
+                  if self.others_share is not None and self.wall >= MIN_STAT_WALL_S
+                  and self.others_share > CONTENDED_OTHERS_SHARE else "")
         return (f"selfspec: machine was busy during the timing ({load} on {os.cpu_count() or self.cores} "
-                f"cores{others}): speedups are noisy")
+                f"cores{others}): speedups are noisy{threads_hint(self.threads)}")
+
+
+def threads_hint(threads: int | None = None) -> str:
+    """The busy-machine advice (empty on one thread): a thread count that oversubscribes a busy
+    machine can decode several times slower than one thread (0.7 against 15 tok/s measured)."""
+    n = torch.get_num_threads() if threads is None else threads
+    return f"; fewer threads are often much faster on a busy machine: try --threads 1 (now {n})" if n > 1 else ""

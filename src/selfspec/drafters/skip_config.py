@@ -169,10 +169,16 @@ def read(path: str | Path) -> SkipConfig:
 def check_matches(cfg: SkipConfig, name: str, model: torch.nn.Module, source: str) -> None:
     """Refuse a config tuned for another model."""
     h = config_hash(model)
+    tune = f"selfspec tune --model {name} --method self-spec"
+    if model_key(cfg.model) == model_key(name) and cfg.config_hash != h:  # "tuned for 'm' ... not 'm'" read oddly
+        raise SelfspecError(
+            f"skip config {source} was tuned for another model named '{cfg.model}' (architecture "
+            f"{cfg.config_hash}; this one is {h}); tune this one with: {tune}, or pass --skip-config FILE"
+        )
     if model_key(cfg.model) != model_key(name) or cfg.config_hash != h:
         raise SelfspecError(
             f"skip config {source} was tuned for model '{cfg.model}' (architecture {cfg.config_hash}), not "
-            f"'{model_key(name)}' (architecture {h}); tune one with: selfspec tune {name} --method self-spec"
+            f"'{model_key(name)}' (architecture {h}); tune one with: {tune}"
         )
 
 

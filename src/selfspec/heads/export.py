@@ -54,6 +54,7 @@ from safetensors.torch import load_file, save_file
 
 from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
+from ..paths import check_output_dir
 from .eagle import WEIGHTS_FILE, EagleHead, arch_hash, read_meta
 from .eagle3 import ARCH_FIELD, HEAD_ARCH, Eagle3Head, default_feature_layers, load_eagle3_head
 
@@ -186,6 +187,20 @@ def _fold_fc_bias(state: dict[str, torch.Tensor]) -> None:
     state[f"{ATTN}o_proj.bias"] = b + (own.double() if own is not None else 0)
 
 
+def check_export_dir(out: Path | str) -> Path:
+    """``out`` as an export directory: new, empty, or holding an earlier export only (which is
+    replaced). Anything else there (a bench folder, a model) would mix with the draft and make
+    the directory unloadable, so it is a one-line error; checked before a model loads."""
+    d = check_output_dir(out)
+    if d.is_dir():
+        other = sorted(p.name for p in d.iterdir() if p.name not in (WEIGHTS_FILE, "config.json", TOKEN_MAP_FILE,
+                                                                     "pytorch_model.bin"))
+        if other:
+            raise SelfspecError(f"--out {out} is not empty ({len(other)} other entries, e.g. {other[0]}); an export "
+                                "there would not load as a draft model: pass a new or empty directory")
+    return d
+
+
 def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out: Path | str, dtype: str = "fp16",
                 with_embeddings: bool = False) -> Export:
     """Write ``head_dir``'s head into ``out`` as ``engine`` loads an EAGLE-1/2 draft (module docstring).
@@ -194,7 +209,7 @@ def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out:
         head_dir: a head directory written by ``selfspec train hass``.
         target: its target model (config, and the embedding for ``with_embeddings``).
         engine: ``vllm``, ``sglang`` or ``eagle``.
-        out: output directory (created).
+        out: output directory (created): new, empty or an earlier export (see :func:`check_export_dir`).
         dtype: ``fp16`` or ``bf16``: the serving dtype the weights are written in.
         with_embeddings: also write ``embed_tokens.weight`` (EAGLE only; the other engines take the
             target's and refuse or ignore a draft's own).
@@ -209,6 +224,7 @@ def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out:
         raise SelfspecError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if dtype not in DTYPES:
         raise SelfspecError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    check_export_dir(out)
     if read_meta(head_dir).get(ARCH_FIELD) == HEAD_ARCH:
         return export_eagle3(head_dir, target, engine, out, dtype, with_embeddings)
     head, meta, ids = read_head_files(head_dir, target)

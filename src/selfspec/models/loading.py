@@ -66,15 +66,34 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+DEVICES = "auto, cpu, cuda, cuda:N or mps"  # what --device takes
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The torch device of ``--device`` (``auto``: CUDA if available, else the CPU); a device this
+    machine does not have is a one-line error."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
-    except RuntimeError as e:
-        raise SelfspecError(f"unknown device '{device}'; use cpu, cuda, cuda:N or mps") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SelfspecError(f"device '{device}' requested but no CUDA device is available; use --device cpu")
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise SelfspecError(f"unknown device '{device}'; use {DEVICES}") from e
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise SelfspecError(f"unsupported device '{device}'; use {DEVICES}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SelfspecError(f"device '{device}' requested but no CUDA device is available; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise SelfspecError(f"device '{device}' requested but this machine has {torch.cuda.device_count()} CUDA "
+                                f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if dev.type == "mps" and not _mps_available():
+        raise SelfspecError(f"device '{device}' requested but MPS (Apple GPU) is not available here; use --device "
+                            "cpu (or auto)")
     return dev
 
 
@@ -96,11 +115,13 @@ def resolve_path(spec: str) -> tuple[Path | None, str]:
     if p.suffix == ".gguf":
         if not p.is_file():
             raise SelfspecError(f"GGUF file not found: {spec}")
+        bundled.check_gguf(p)
         out = _gguf_cache_dir(p)
         if out.is_dir() and bundled.verify_manifest(out) is None:
             return out, ""
-        out.parent.mkdir(parents=True, exist_ok=True)
-        bundled.convert_gguf(p, out, {"gguf": str(p.resolve())})
+        with bundled.build_lock(out):
+            if not (out.is_dir() and bundled.verify_manifest(out) is None):  # else: built while we waited
+                bundled.convert_gguf(p, out, {"gguf": str(p.resolve())})
         return out, ""
     if p.is_dir():
         if not any(p.glob("*.safetensors")):
@@ -117,6 +138,9 @@ def resolve_path(spec: str) -> tuple[Path | None, str]:
         raise SelfspecError(f"{spec} is a file, not a model: pass a model directory, a .gguf file or a bundled name")
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         return None, spec
+    if spec.startswith((".", "/", "~")) or "/" in spec or os.sep in spec:  # a path, not a name
+        raise SelfspecError(f"no such directory: {spec} (--model takes a local HF directory, a .gguf file, a bundled "
+                            "name or a hub id like org/name)")
     raise SelfspecError(
         f"unknown model '{spec}': use a bundled name ({', '.join([*bundled.BUNDLED, *bundled.FINETUNED])}), "
         "a local HF directory, a .gguf file or a hub id like org/name"

@@ -112,8 +112,8 @@ class Engine:
         with self._encode_lock:
             try:
                 return encode_prompt(self._encoder, req.prompt, req.chat, g.target.model.config.vocab_size)
-            except SelfspecError as e:
-                raise ApiError(400, str(e), param) from None
+            except SelfspecError as e:  # e.g. a token id outside the vocabulary, an empty prompt
+                raise ApiError(400, str(e), param, "invalid_prompt") from None
             except Exception as e:  # noqa: BLE001 - the chat template refused the messages (a jinja error)
                 raise ApiError(400, f"the model's chat template refused the messages: {e}", param) from None
 
@@ -134,8 +134,9 @@ class Engine:
                 raise ApiError(503, "the server is shutting down; retry later", code="shutting_down")
             if self._waiting >= self.max_queue:
                 retry = math.ceil(min(60.0, max(1.0, self._mean_s * (self._waiting + 1))))
-                raise ApiError(429, f"the server is busy: {self._waiting} requests are waiting for the one decoder "
-                                    f"(queue size {self.max_queue}); retry after {retry} s", code="rate_limit_exceeded",
+                waiting = f"{self._waiting} request{' is' if self._waiting == 1 else 's are'} waiting"
+                raise ApiError(429, f"the server is busy: {waiting} for the one decoder (queue size {self.max_queue}); "
+                                    f"retry after {retry} s", code="rate_limit_exceeded",
                                type="rate_limit_error", headers={"Retry-After": str(retry)})
             self._waiting += 1
             self._gauges()
@@ -170,6 +171,18 @@ class Engine:
             self._gauges()
         for job in dropped:
             job.push("error", ApiError(503, "the server is shutting down; retry later", code="shutting_down"))
+
+    def abort(self) -> None:
+        """Shut down now (a second Ctrl-C): :meth:`drain`, and answer the request that is decoding
+        503 ``shutting_down`` at once (its decoding stops at the next step), so its client gets
+        the JSON error the API promises rather than a cut connection or a plain-text 500."""
+        self.drain()
+        with self._lock:
+            job = self._running
+        if job is not None:
+            job.cancelled.set()
+            job.push("error", ApiError(503, "the server is shutting down now (interrupted twice); the request was not "
+                                            "finished: retry it", code="shutting_down"))
 
     def stop(self, timeout: float | None = None) -> None:
         """End the worker after the request it is decoding."""

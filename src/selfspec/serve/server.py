@@ -2,7 +2,7 @@
 
 ``/health`` answers 503 while the model loads and 200 once it is ready. SIGTERM (or Ctrl-C)
 stops accepting connections, answers queued requests 503, lets the request that is decoding
-finish, then exits; a second Ctrl-C exits at once.
+finish, then exits; a second Ctrl-C answers that request 503 ``shutting_down`` too and exits.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .engine import Engine
 from .metrics import Metrics
 
 log = logging.getLogger("selfspec.serve")
+FORCE_EXIT_AFTER_S = 2.0  # after a second Ctrl-C: time for the aborted request's 503 to go out
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,19 @@ class _Server(uvicorn.Server):
         self.stop_signal = sig
         self.engine.drain()
         if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
+            # Forcing the exit at once cancelled the in-flight request's task: uvicorn answered it a plain-text
+            # 500 and logged a traceback. Answer it 503 shutting_down first; force the exit if it still hangs.
+            print("selfspec serve: SIGINT again: answering the request in flight 503 and stopping now",
+                  file=sys.stderr, flush=True)
+            self.engine.abort()
+            timer = threading.Timer(FORCE_EXIT_AFTER_S, self._force_exit)
+            timer.daemon = True
+            timer.start()
         else:
             self.should_exit = True
+
+    def _force_exit(self) -> None:
+        self.force_exit = True
 
 
 def serve(opts: ServeOptions, load: Callable[[], object], warning: str | None = None) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import seed_arg
+from ..config import seed_arg, threads_arg
 from ..errors import SelfspecError
 
 HEAD_DATA = "sharegpt:224,sharegpt-answers:300,code:60"
@@ -46,7 +46,8 @@ def _add_common(p: argparse.ArgumentParser, data: str) -> None:
     p.add_argument("--data", default=data,
                    help="comma-separated sources: sharegpt[:N] (answers regenerated with --regenerate), "
                         "sharegpt-answers[:N] (ShareGPT's answers kept), code[:N] (Python stdlib), or a JSONL file "
-                        f"of conversations (default {data}); evaluation prompts are always excluded")
+                        f"of conversations (default {data}); evaluation prompts are excluded (the built-in ones "
+                        "always, MT-bench and HumanEval where they can be loaded: a warning says when not)")
     p.add_argument("--max-len", type=int, default=512, help="tokens per example at most (default 512)")
     p.add_argument("--regenerate", type=int, default=0,
                    help="self-distillation: answer the ShareGPT prompts with the target (at most N tokens) and "
@@ -57,26 +58,44 @@ def _add_common(p: argparse.ArgumentParser, data: str) -> None:
     p.add_argument("--data-seed", type=seed_arg, default=42, help="data shuffling seed")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda; under accelerate launch: the process's")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default) or cuda; under accelerate launch, each process trains on its own device")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     p.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "fp16"],
                    help="autocast the forward and loss in this precision (Accelerate's mixed precision; weights and "
                         "optimizer stay fp32): bf16 on GPUs and on CPUs with avx512_bf16/AMX; fp16 on GPUs only "
                         "(default no: fp32)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    p.add_argument("--threads", type=threads_arg, default=None,
+                   help="torch CPU threads per process, at least 1 (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _start(args: argparse.Namespace):
-    """Check the common options, set the threads, and load the target under Accelerate:
-    ``(accelerator, target, data options)``."""
+def _check_at_least(args: argparse.Namespace, *rules: tuple[str, int]) -> None:
+    """A one-line error naming the one flag below its minimum (``(dest, minimum)`` pairs), not
+    every flag the command has."""
+    for dest, least in rules:
+        value = getattr(args, dest)
+        if value < least:
+            raise SelfspecError(f"--{dest.replace('_', '-')} must be at least {least}, not {value}")
+
+
+def _start(args: argparse.Namespace, outputs: tuple[str, ...]):
+    """Check the common options and ``--out`` (``outputs``: the files a finished run leaves
+    there), set the threads, and load the target under Accelerate:
+    ``(accelerator, target, data options)``. Everything is checked before the model loads."""
     from accelerate import Accelerator
 
-    from ..models.loading import load_model
-    from .pipeline import DataOptions
+    from ..models.loading import load_model, resolve_device
+    from ..paths import check_output_dir
+    from .loop import check_out
+    from .pipeline import DataOptions, check_data_spec
 
     if args.max_len < 8:
         raise SelfspecError("--max-len must be at least 8")
+    check_data_spec(args.data)
+    resolve_device(args.device)  # a device this machine lacks: one line, before anything loads
+    out = check_output_dir(args.out)
+    check_out(out, args.resume, outputs)  # an earlier run there is continued (--resume) or kept, never lost
     data = DataOptions(data=args.data, max_len=args.max_len, regenerate=args.regenerate, seed=args.data_seed)
     if args.threads:
         import torch
@@ -108,6 +127,7 @@ def _add_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=10, help="K of the top-K distillation loss (default 10)")
     p.add_argument("--topk-weight", type=float, default=None, help="its weight (default: eagle 0, hass 1)")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW peak learning rate (default 3e-4)")
+    p.add_argument("--max-steps", type=int, default=0, help="optimiser steps (default 0: --epochs decides)")
     p.add_argument("--noise", type=float, default=None,
                    help="uniform noise on input features (default 0.1; --arch eagle3: 0)")
     p.add_argument("--init", default=None, help="continue from this head directory (ablation protocol)")
@@ -149,22 +169,29 @@ def run_head(args: argparse.Namespace) -> int:
     noise = args.noise if args.noise is not None else (0.0 if eagle3 else 0.1)
     if args.draft_vocab < 0:
         raise SelfspecError(f"--draft-vocab must be 0 (the full vocabulary) or a token count, not {args.draft_vocab}")
-    if passes < 1 or args.topk < 1 or topk_w < 0 or args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
-        raise SelfspecError("train needs --passes >= 1, --topk >= 1, --topk-weight >= 0, --epochs >= 1, --lr > 0 "
-                            "and --batch-size >= 1")
+    _check_at_least(args, ("epochs", 1), ("batch_size", 1), ("max_steps", 0), ("topk", 1))
+    if passes < 1:
+        raise SelfspecError(f"--passes must be at least 1, not {passes}")
+    if topk_w < 0:
+        raise SelfspecError(f"--topk-weight must be >= 0, not {topk_w}")
+    if args.lr <= 0:
+        raise SelfspecError(f"--lr must be > 0, not {args.lr}")
     layers = _feature_layers(args.feature_layers)
     if eagle3:
         opts: TrainOptions | Eagle3Options = Eagle3Options(
             objective=args.objective, steps=passes, topk=args.topk, topk_weight=topk_w,
             detach=args.objective == "hass", draft_vocab=args.draft_vocab,
-            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=noise, seed=args.seed,
-            checkpoint_every=args.checkpoint_every, init=args.init or "")
+            epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, batch_size=args.batch_size, noise=noise,
+            seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "")
     else:
         opts = TrainOptions(objective=args.objective, passes=passes, topk=args.topk, topk_weight=topk_w,
-                            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, noise=noise,
+                            epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, batch_size=args.batch_size,
+                            noise=noise,
                             seed=args.seed, checkpoint_every=args.checkpoint_every, init=args.init or "",
                             fc_bias=not args.no_fc_bias, draft_vocab=args.draft_vocab)
-    acc, target, data = _start(args)
+    from ..heads.eagle import META_FILE as HEAD_FILE
+
+    acc, target, data = _start(args, (HEAD_FILE,))
     from .features import extract_features, read_sequences
     from .pipeline import prepare_examples
     from .trainer import train_head
@@ -270,14 +297,16 @@ def run_finetune(args: argparse.Namespace, make: Callable[[argparse.Namespace], 
 
     objective, depth = make(args)
     lr = args.lr if args.lr is not None else (3e-4 if args.lora_rank else 1e-4)
-    if args.epochs < 1 or lr <= 0 or args.batch_size < 1 or args.lora_rank < 0 or args.max_steps < 0:
-        raise SelfspecError(f"train {args.what} needs --epochs >= 1, --lr > 0, --batch-size >= 1, --lora-rank >= 0 "
-                            "and --max-steps >= 0")
+    _check_at_least(args, ("epochs", 1), ("batch_size", 1), ("max_steps", 0), ("lora_rank", 0))
+    if lr <= 0:
+        raise SelfspecError(f"--lr must be > 0, not {lr}")
     opts = FinetuneOptions(lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank, epochs=args.epochs,
                            max_steps=args.max_steps, lr=lr, batch_size=args.batch_size, seed=args.seed,
                            checkpoint_every=args.checkpoint_every,
                            weight_decay=0.0 if args.lora_rank else 0.1)
-    acc, target, data = _start(args)
+    from ..models.finetuned import META_FILE as MODEL_FILE
+
+    acc, target, data = _start(args, (MODEL_FILE, "config.json", "adapter"))
     out = Path(args.out)
     if acc.is_main_process:
         examples = prepare_examples(target.model, target.tokenizer, data, out / "data", not args.no_progress)

@@ -119,6 +119,20 @@ def load_sharegpt(limit: int | None, seed: int = 42, path: Path | None = None) -
 # ------------------------------------------------------------------------------------------------ JSONL
 
 
+def _messages_problem(msgs: object) -> str:
+    """What is wrong with a line's ``messages`` (empty: nothing), in words."""
+    if not isinstance(msgs, list) or not msgs:
+        return "no 'messages' list" if msgs is None else "'messages' is not a non-empty list"
+    for i, m in enumerate(msgs, 1):
+        if not isinstance(m, dict):
+            return f"message {i} is not an object"
+        if m.get("role") not in ("user", "assistant"):
+            return f"message {i} has role {m.get('role')!r}"
+        if not isinstance(m.get("content"), str):
+            return f"message {i} has no string 'content'"
+    return ""
+
+
 def load_jsonl_conversations(path: str | Path) -> list[Conversation]:
     """Our format, one object a line: ``{"id": ..., "messages": [{"role": "user"|"assistant",
     "content": "..."}]}``. A line that is not valid JSON or not of this shape is an error."""
@@ -135,12 +149,10 @@ def load_jsonl_conversations(path: str | Path) -> list[Conversation]:
             except json.JSONDecodeError as e:
                 raise SelfspecError(f"{path}: line {n} is not valid JSON ({e.msg})") from e
             msgs = r.get("messages") if isinstance(r, dict) else None
-            ok = isinstance(msgs, list) and bool(msgs) and all(
-                isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)
-                for m in msgs)
-            if not ok:
-                raise SelfspecError(f"{path}: line {n} needs 'messages': a non-empty list of "
-                                    "{'role': 'user'|'assistant', 'content': str}")
+            problem = _messages_problem(msgs)
+            if problem:
+                raise SelfspecError(f"{path}: line {n}: {problem}; each line needs 'messages': a non-empty list of "
+                                    "{'role': 'user' or 'assistant', 'content': a string}")
             out.append(Conversation(str(r.get("id", f"{p.stem}-{n}")),
                                     tuple((m["role"], m["content"]) for m in msgs)))
     return out

@@ -34,7 +34,6 @@ EAGLE-2 heads), EAGLE-3 style; the head's ``lm_head`` starts from the target's L
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -49,7 +48,7 @@ from ..errors import SelfspecError
 from ..heads.eagle3 import Eagle3Head, load_draft_head
 from . import loop
 from .features import CachedSequence
-from .trainer import training_vocab, with_feature_noise
+from .trainer import recorded_options, training_vocab, with_feature_noise
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class Eagle3Options:
         detach: feed each step's output to the next one detached (HASS).
         draft_vocab: N, the LM head's vocabulary (0 or >= V: the full vocabulary).
         feature_layers: the three ``hidden_states`` indices (resolved; the cache's).
-        epochs, lr, batch_size, noise, clip, weight_decay, warmup, val_fraction, seed,
+        epochs, max_steps, lr, batch_size, noise, clip, weight_decay, warmup, val_fraction, seed,
         checkpoint_every, init: as :class:`~selfspec.train.trainer.TrainOptions`.
     """
 
@@ -79,6 +78,7 @@ class Eagle3Options:
     draft_vocab: int = 0
     feature_layers: tuple[int, ...] = ()
     epochs: int = 2
+    max_steps: int = 0
     lr: float = 3e-4
     batch_size: int = 4
     noise: float = 0.0
@@ -323,15 +323,16 @@ def train_eagle3(target: nn.Module, seqs: Sequence[CachedSequence], out: Path, o
                             f"{head.fc.in_features} (three layers of the target); extract them with --arch eagle3")
     head.train()
     method = "eagle2" if opts.objective == "eagle" else "hass"
-    options = json.loads(json.dumps(asdict(opts)))  # as recorded (resume compares it with the saved one)
+    options = recorded_options(opts)  # as recorded (resume compares it with the saved one)
 
     def save(model: Eagle3TTT, state: dict) -> None:
         model.head.save(out, {**meta, "method": method, "options": options, "steps": state["step"],
                               "validation": state["val"][-1] if state["val"] else {}})
 
-    lopts = loop.LoopOptions(epochs=opts.epochs, lr=opts.lr, schedule="linear", final_lr=0.0, warmup=opts.warmup,
-                             batch_size=opts.batch_size, clip=opts.clip, clip_by="value",
-                             val_fraction=opts.val_fraction, seed=opts.seed, checkpoint_every=opts.checkpoint_every)
+    lopts = loop.LoopOptions(epochs=opts.epochs, max_steps=opts.max_steps, lr=opts.lr, schedule="linear",
+                             final_lr=0.0, warmup=opts.warmup, batch_size=opts.batch_size, clip=opts.clip,
+                             clip_by="value", val_fraction=opts.val_fraction, seed=opts.seed,
+                             checkpoint_every=opts.checkpoint_every)
     groups = [{"params": list(head.parameters()), "weight_decay": opts.weight_decay}]
     return loop.train(Eagle3TTT(head, opts.steps, opts.detach), Eagle3Objective(target, opts, vocab), seqs, out,
                       lopts, options, groups, save, resume=resume, progress=progress, accelerator=acc)

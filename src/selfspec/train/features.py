@@ -99,8 +99,9 @@ def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: P
     n_shards = (len(examples) + shard_examples - 1) // shard_examples
     done = {s["file"] for s in manifest["shards"]}
     total = sum(e.input_ids.numel() for e in examples)
-    bar = tqdm(total=total, unit="tok", desc="features", disable=not progress, file=sys.stderr)
-    bar.update(sum(s["tokens"] for s in manifest["shards"]))
+    cached = sum(s["tokens"] for s in manifest["shards"])  # the bar's start, not its progress: the rate is
+    bar = tqdm(total=total, initial=cached, unit="tok", desc="features",  # of the tokens extracted now, not
+               disable=not progress, file=sys.stderr)  # 57,019,862 tok/s "read" from the cache
     for s in range(n_shards):
         name = f"features_{s:05d}.safetensors"
         if name in done:

@@ -170,6 +170,46 @@ def latest_checkpoint(ckdir: Path) -> Path | None:
     return cks[-1] if cks else None
 
 
+RUN_FILES = ("train/history.json",)  # what a finished run of the loop leaves in its output directory
+
+
+def existing_run(out: Path, outputs: Sequence[str] = ()) -> str | None:
+    """What a new run into ``out`` would overwrite, in words (None: nothing): an earlier run's
+    checkpoints, its history, or one of ``outputs`` (the method's result files, e.g. a head)."""
+    ck = latest_checkpoint(out / "train" / "checkpoints")
+    if ck is not None:
+        return f"a training run (checkpoint at step {ck.name.split('_')[1]})"
+    for name in (*RUN_FILES, *outputs):
+        if (out / name).exists():
+            return f"a finished training run ({name})" if name in RUN_FILES else f"a trained model or head ({name})"
+    return None
+
+
+def check_out(out: Path, resume: bool, outputs: Sequence[str] = ()) -> None:
+    """Refuse to train into ``out`` over an earlier run (see :func:`existing_run`) unless
+    ``resume``, and to resume where there is nothing to resume but a result to overwrite. Nothing
+    is changed; run it before loading anything."""
+    found = existing_run(out, outputs)
+    if found is None:
+        return
+    if not resume:
+        raise SelfspecError(f"--out {out} already holds {found}; pass --resume to continue it, or another --out "
+                            "to start a new run (nothing was changed)")
+    if latest_checkpoint(out / "train" / "checkpoints") is None:
+        raise SelfspecError(f"--out {out} holds {found} but no checkpoint to --resume from; pass another --out to "
+                            "start a new run (nothing was changed)")
+
+
+def options_diff(saved: object, now: object, prefix: str = "") -> list[str]:
+    """The options that differ between two recorded option trees, as ``name: saved -> now``."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out: list[str] = []
+        for k in dict.fromkeys([*saved, *now]):
+            out += options_diff(saved.get(k), now.get(k), f"{prefix}{'.' if prefix else ''}{k}")
+        return out
+    return [] if saved == now else [f"{prefix or 'options'}: {saved!r} -> {now!r}"]
+
+
 def _checkpoint(acc, ckdir: Path, state: dict) -> None:
     path = ckdir / f"step_{state['step']}"
     acc.save_state(str(path))
@@ -218,14 +258,15 @@ def train(model: torch.nn.Module, objective: Objective, items: Sequence, out: Pa
     trdir = out / "train"
     ckdir = trdir / "checkpoints"
     state = {"step": 0, "history": [], "val": [], "options": options}
+    check_out(out, resume)  # never start over on top of an earlier run: its checkpoints would be lost
     if resume and (ck := latest_checkpoint(ckdir)) is not None:
         saved = json.loads((ck / "trainer_state.json").read_text())
         if saved["options"] != options:
-            raise SelfspecError(f"{out} was trained with other options; resume with the same ones or drop --resume")
+            changed = ", ".join(options_diff(saved["options"], options)[:4])
+            raise SelfspecError(f"{out} was trained with other options ({changed}); resume with the same ones, or "
+                                "pass another --out to start a new run")
         acc.load_state(str(ck))
         state = saved
-    elif acc.is_main_process and ckdir.exists():
-        shutil.rmtree(ckdir)
 
     def validate() -> None:
         with acc.autocast():

@@ -8,6 +8,7 @@ Several heads (the EAGLE vs HASS ablation) share one feature directory via ``fea
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from .conversations import (
     load_sharegpt,
 )
 
+log = logging.getLogger(__name__)
 KEEP = "keep:"  # id prefix of conversations whose answers are never regenerated
 
 
@@ -58,35 +60,63 @@ def evaluation_prompts() -> list[str]:
     from ..bench import datasets
 
     texts = [p.text for p in datasets.builtin()]
-    for loader in (datasets.mt_bench, datasets.humaneval):
+    for name, loader in (("MT-bench", datasets.mt_bench), ("HumanEval", datasets.humaneval)):
         try:
             for p in loader():
                 texts.extend(p.turns or (p.text,))
-        except SelfspecError:
-            pass
+        except SelfspecError as e:  # offline, or a package missing: say so, the data may then hold them
+            log.warning("selfspec: %s prompts are not excluded from the training data (%s)", name,
+                        str(e).rstrip("."))
     return texts
+
+
+SOURCES = ("sharegpt", "sharegpt-answers", "code")  # the built-in --data sources (NAME[:N])
+
+
+def _data_parts(spec: str) -> list[tuple[str, str, int | None]]:
+    """``(entry, source name or "file", count)`` of each comma-separated ``--data`` entry, checked:
+    a count that is not an integer, a file that does not exist or an unknown name is a one-line
+    error (nothing is read)."""
+    parts = []
+    for part in (s.strip() for s in spec.split(",") if s.strip()):
+        name, _, num = part.partition(":")
+        if name not in SOURCES:
+            if Path(part).is_file():
+                parts.append((part, "file", None))
+                continue
+            if Path(part).is_dir():
+                raise SelfspecError(f"--data {part} is a directory; pass a JSONL file of conversations")
+            if "/" in part or "\\" in part or part.endswith((".jsonl", ".json")):
+                raise SelfspecError(f"--data file {part} not found")
+            raise SelfspecError(f"--data entry {part!r} is neither {', '.join(f'{n}[:N]' for n in SOURCES)} "
+                                "nor a JSONL file")
+        try:
+            limit = int(num) if num else None
+        except ValueError as e:
+            raise SelfspecError(f"--data entry {part!r}: the count after ':' must be an integer") from e
+        parts.append((part, name, limit))
+    if not parts:
+        raise SelfspecError("--data names no source; pass e.g. code:60 or a JSONL file")
+    return parts
+
+
+def check_data_spec(spec: str) -> None:
+    """Check a ``--data`` spec without reading any data (before a model loads)."""
+    _data_parts(spec)
 
 
 def load_conversations(spec: str, seed: int) -> list[Conversation]:
     """Conversations of a ``--data`` spec (see :class:`DataOptions`), evaluation prompts removed."""
     out: list[Conversation] = []
-    for part in (s.strip() for s in spec.split(",") if s.strip()):
-        name, _, num = part.partition(":")
-        try:
-            limit = int(num) if num else None
-        except ValueError as e:
-            raise SelfspecError(f"--data entry {part!r}: the count after ':' must be an integer") from e
+    for part, name, limit in _data_parts(spec):
         if name == "sharegpt":
             out += load_sharegpt(limit, seed)
         elif name == "sharegpt-answers":  # other conversations (another shuffle), ShareGPT's answers kept
             out += [Conversation(f"{KEEP}{c.id}", c.messages) for c in load_sharegpt(limit, seed + 1)]
         elif name == "code":
             out += code_conversations(limit, seed)
-        elif Path(part).is_file():
-            out += load_jsonl_conversations(part)
         else:
-            raise SelfspecError(f"--data entry {part!r} is neither sharegpt[:N], sharegpt-answers[:N], code[:N] "
-                                "nor a JSONL file")
+            out += load_jsonl_conversations(part)
     if not out:
         raise SelfspecError("--data gave no conversations")
     return exclude_prompts(out, evaluation_prompts())

@@ -9,6 +9,7 @@ passes detached), as in the HASS code; one ``forward`` runs all passes, so DDP s
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -37,6 +38,8 @@ class TrainOptions:
         reg_weight / cls_weight: EAGLE's feature-regression and soft cross-entropy weights.
         beta: per-pass weight ``beta ** (j - 1)``.
         epochs: passes over the training split.
+        max_steps: optimiser steps; 0 = ``epochs`` decides (recorded only when set, so runs made
+            before it existed still resume).
         lr: AdamW peak learning rate (linear warm-up over ``warmup`` of the steps, linear decay).
         batch_size: sequences per process per step.
         noise: uniform noise amplitude added to input features (target features stay clean).
@@ -60,6 +63,7 @@ class TrainOptions:
     cls_weight: float = 0.1
     beta: float = 1.0
     epochs: int = 2
+    max_steps: int = 0
     lr: float = 3e-4
     batch_size: int = 4
     noise: float = 0.1
@@ -197,6 +201,15 @@ def training_vocab(target: torch.nn.Module, seqs: list[CachedSequence], size: in
     return DraftVocab.from_ranking(ranking_from_counts(counts), size, vocab, always_ids(target, None))
 
 
+def recorded_options(opts) -> dict:
+    """A head's options as recorded (resume compares them): ``max_steps`` only when set, so a
+    run checkpointed before the option existed still resumes."""
+    options = json.loads(json.dumps(asdict(opts)))
+    if not options.get("max_steps"):
+        options.pop("max_steps", None)
+    return options
+
+
 def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, opts: TrainOptions, meta: dict,
                resume: bool = False, progress: bool = True, accelerator=None) -> dict:
     """Train a head on ``seqs`` and save it into ``out`` (see module docstring).
@@ -225,14 +238,17 @@ def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, o
     head.train()
     method = "eagle2" if opts.objective == "eagle" else "hass"
 
+    options = recorded_options(opts)
+
     def save(model: HcaModel, state: dict) -> None:
-        model.head.save(out, {**meta, "method": method, "options": asdict(opts), "steps": state["step"],
+        model.head.save(out, {**meta, "method": method, "options": options, "steps": state["step"],
                               "validation": state["val"][-1] if state["val"] else {}})
 
-    lopts = loop.LoopOptions(epochs=opts.epochs, lr=opts.lr, schedule="linear", final_lr=0.0, warmup=opts.warmup,
-                             batch_size=opts.batch_size, clip=opts.clip, clip_by="value",
-                             val_fraction=opts.val_fraction, seed=opts.seed, checkpoint_every=opts.checkpoint_every)
+    lopts = loop.LoopOptions(epochs=opts.epochs, max_steps=opts.max_steps, lr=opts.lr, schedule="linear",
+                             final_lr=0.0, warmup=opts.warmup, batch_size=opts.batch_size, clip=opts.clip,
+                             clip_by="value", val_fraction=opts.val_fraction, seed=opts.seed,
+                             checkpoint_every=opts.checkpoint_every)
     groups = [{"params": list(head.parameters()), "weight_decay": opts.weight_decay}]
     objective = HeadObjective(target, opts, head.draft_vocab)
-    return loop.train(HcaModel(head, opts.passes), objective, seqs, out, lopts, asdict(opts),
+    return loop.train(HcaModel(head, opts.passes), objective, seqs, out, lopts, options,
                       groups, save, resume=resume, progress=progress, accelerator=acc)

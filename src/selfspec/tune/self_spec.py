@@ -19,7 +19,7 @@ from ..errors import SelfspecError
 from ..kernels.switch import DRAFT_KERNELS
 from ..models.loading import LoadedModel
 from ..models.skipping import SkipSet, decoder_layers
-from ..paths import model_key, selfspec_home
+from ..paths import check_output_dir, check_output_file, model_key, selfspec_home
 from .objectives import ProxyObjective, SpeedObjective, measure_draft_cost
 from .search import SearchResult, search
 
@@ -80,6 +80,10 @@ class TuneOptions:
             raise SelfspecError(f"--draft-vocab must be >= 0 and --draft-kernels one of {', '.join(DRAFT_KERNELS)}")
         if self.time_budget is not None and self.time_budget <= 0:
             raise SelfspecError("--time-budget must be a positive number of seconds")
+        if self.out:  # where the results go: checked before a model loads
+            check_output_file(self.out)
+        if self.state_dir:
+            check_output_dir(self.state_dir, "--state")
 
 
 def calibration_prompts(target: LoadedModel, opts: TuneOptions) -> tuple[list[str], list[list[int]]]:
@@ -100,7 +104,8 @@ def calibration_prompts(target: LoadedModel, opts: TuneOptions) -> tuple[list[st
 
 def tune_self_spec(target: LoadedModel, opts: TuneOptions, progress: bool = True) -> tuple[SkipConfig, Path]:
     """Search a skip set for ``target`` on its current kernels backend; write and return the
-    skip config and its path."""
+    skip config and its path: where ``selfspec.load`` uses it automatically, unless ``opts.out``
+    names another path or it measured slower than ``ar`` (then into the state directory)."""
     opts.check()
     num_layers = len(decoder_layers(target.model))
     ids, prompts = calibration_prompts(target, opts)
@@ -134,8 +139,25 @@ def tune_self_spec(target: LoadedModel, opts: TuneOptions, progress: bool = True
     cfg = SkipConfig(model=model_key(target.name), config_hash=config_hash(target.model), num_layers=num_layers,
                      skip_attention=best.attention, skip_mlp=best.mlp, gamma=opts.gamma, search=search_meta,
                      draft_vocab=opts.draft_vocab, draft_kernels=opts.draft_kernels)
-    path = cfg.save(opts.out or user_config_path(target.name))
+    slower = measured_speedup(search_meta)
+    if not opts.out and slower is not None and slower < 1.0:  # not where load picks it up by itself
+        path = cfg.save(state / SLOWER_FILE)
+    else:
+        path = cfg.save(opts.out or user_config_path(target.name))
     return cfg, path
+
+
+SLOWER_FILE = "slower-than-ar.json"  # a result that measured slower than ar: kept in the state dir, not installed
+
+
+def measured_speedup(search_meta: dict) -> float | None:
+    """The measured speedup over ``ar`` of a search's result (speed objective, or proxy with
+    ``--rerank``), None when only predicted. A config below 1.0 is not installed where
+    ``selfspec.load`` finds it by itself (``--out`` still writes it)."""
+    for key in ("speedup", "measured_speedup"):
+        if isinstance(search_meta.get(key), (int, float)):
+            return float(search_meta[key])
+    return None
 
 
 def _rerank(target: LoadedModel, opts: TuneOptions, prompts: list[list[int]], result: SearchResult
