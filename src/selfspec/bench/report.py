@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from .provenance import revision_label
 
 
 def _first_diff(a: list[int], b: list[int]) -> int | None:
@@ -134,6 +137,24 @@ def sampling_note(g: dict) -> str:
     return f"{extra} (sampling {g.get('sampling', 'rejection')}, seed {g.get('seed')})"
 
 
+def provenance_lines(meta: dict) -> list[str]:
+    """Which selfspec revision(s) the records were measured at (each record keeps its own, so a
+    resumed run across commits says so) and the command that made the run."""
+    commits = meta.get("commits")
+    if not commits:
+        env = meta.get("environment", {})
+        commits = [{"commit": env.get("git") or "unknown", "dirty": env.get("dirty"), "records": None}]
+    if len(commits) == 1:
+        c = commits[0]
+        lines = [f"Measured at {revision_label(c['commit'], c['dirty'])}."]
+    else:
+        lines = ["Measured at " + str(len(commits)) + " revisions (a resumed run): " + ", ".join(
+            f"{revision_label(c['commit'], c['dirty'])} ({c['records']} records)" for c in commits) + "."]
+    if meta.get("command"):
+        lines[0] += " Command: `" + " ".join(shlex.quote(a) for a in meta["command"]) + "`."
+    return [*lines, ""]
+
+
 def write_report(out: Path, meta: dict, summary: dict) -> None:
     (out / "report.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     env = meta["environment"]
@@ -142,9 +163,11 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         f"# selfspec bench: {meta['model']}",
         "",
         f"Dataset `{meta['dataset']}` ({meta['prompts']} prompts), max_new_tokens {g['max_new_tokens']}, "
-        f"temperature {g['temperature']}{sampling_note(g)}, repeats {meta['repeats']}. Machine: {env['machine']}; "
-        f"torch {env['torch']}, transformers {env['transformers']}, git {env['git']}.",
+        f"temperature {g['temperature']}{sampling_note(g)}, repeats {meta['repeats']}. Machine: {env['machine']}"
+        f"{', CPU flags ' + env['cpu_flags'] if env.get('cpu_flags') else ''}; "
+        f"torch {env['torch']}, transformers {env['transformers']}.",
         "",
+        *provenance_lines(meta),
         "Speedup is against `ar` on the same kernels backend; `vs hf` against `transformers` `generate` "
         "(fp32, stock kernels). `int8` is a quantised model: its methods are lossless with respect to the "
         "int8 model, not to the fp32 one (its quality cost is in docs/performance.md).",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, fields
@@ -22,6 +21,7 @@ from ..config import SAMPLING_MODES, seed_arg
 from ..errors import SelfspecError
 from .datasets import Prompt, load_dataset
 from .peers import PEERS, run_peer
+from .provenance import Provenance, check_resumable, commits_of, package_version, prompts_digest, source_revision
 from .report import summarize, write_report
 
 
@@ -83,27 +83,43 @@ class BenchOptions:
     kernels: str = "auto"
     trust_remote_code: bool = False
     method_flags: dict[str, dict] = field(default_factory=dict)
+    command_line: tuple[str, ...] | None = None
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace, method_flags: dict[str, dict] | None = None) -> BenchOptions:
-        """The options of the parsed command line ``args`` (each field from the flag of its name)."""
+        """The options of the parsed command line ``args`` (each field from the flag of its name;
+        ``command_line`` from ``args.command_line`` where the CLI set it)."""
         given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        if given.get("command_line") is not None:
+            given["command_line"] = tuple(given["command_line"])
         return cls(**{**given, "method_flags": dict(method_flags or {})})
+
+    def identity(self, prompts: list[Prompt], provenance: Provenance) -> dict:
+        """What must match for ``--resume`` to continue a run (see
+        :func:`~selfspec.bench.provenance.check_resumable`): the machine (id and CPU flags), the
+        model, the prompt set (dataset, limit, per-category, turns and a digest of the prompts)
+        and the generation settings."""
+        return {"machine": provenance.machine, "cpu_flags": provenance.cpu_flags,
+                "model": str(self.model), "draft_model": self.draft_model, "device": self.device,
+                "dtype": self.dtype, "dataset": str(self.dataset), "limit": self.limit,
+                "per_category": self.per_category, "turns": self.turns, "prompts": len(prompts),
+                "prompts_digest": prompts_digest(prompts), "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
+                "sampling": self.sampling}
 
 
 def environment() -> dict:
+    """The machine and software this process measures on: machine id, versions, CPU flags and the
+    selfspec source revision (``git``: the commit of a git checkout, else ``selfspec VERSION``;
+    ``dirty``: tracked files differ from it, None when unknown)."""
     import transformers
 
     from ..core.cost import cpu_flags, machine_id
 
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        sha = ""
+    commit, dirty = source_revision()
     return {"machine": machine_id(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": sha,
-            "cpu_flags": cpu_flags()}
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": commit,
+            "dirty": dirty, "selfspec": package_version(), "cpu_flags": cpu_flags()}
 
 
 def _option_value(text: str) -> object:
@@ -199,6 +215,8 @@ def run_bench(args: BenchOptions) -> int:
         method_config(base_method, {**({} if base_method == "ar" else args.method_flags.get(base_method, {})),
                                     **extra})
     prompts = load_dataset(args.dataset, args.limit, args.turns, args.per_category)
+    prov = Provenance.here(args.command_line if args.command_line is not None else sys.argv)
+    identity = args.identity(prompts, prov)
 
     out = Path(args.out)
     records_path = out / "records.jsonl"
@@ -214,6 +232,7 @@ def run_bench(args: BenchOptions) -> int:
                     except json.JSONDecodeError:
                         continue  # a line cut by an interrupt
                     done[_record_key(r)] = r
+        check_resumable(out, identity, list(done.values()))  # refuses another machine or configuration
         # rewrite without the cut line, so appended records start on a line of their own
         tmp = records_path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
@@ -253,7 +272,7 @@ def run_bench(args: BenchOptions) -> int:
     meta = {"model": args.model, "draft_model": args.draft_model, "dataset": args.dataset, "prompts": len(prompts),
             "per_category": args.per_category,
             "methods": methods, "kernels": backends, "peers": peers, "generation": gen, "repeats": args.repeats,
-            "environment": environment()}
+            "environment": environment(), "command": list(prov.command), "identity": identity}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
     def prompt_ids(p: Prompt, rep: int = 0) -> list[int]:
@@ -288,7 +307,7 @@ def run_bench(args: BenchOptions) -> int:
             rec = {"prompt_id": pr.id, "category": pr.category, "method": name, "repeat": rep,
                    "backend": backend_of.get(name, "stock"), "prompt_tokens": len(ids),
                    "temperature": args.temperature, "sampling": args.sampling,
-                   "time": time.time()}
+                   "time": time.time(), **prov.record_fields()}
             mon = LoadMonitor().start()
             if name in generators:
                 r = generators[name].generate(ids, **gen)
@@ -317,6 +336,7 @@ def run_bench(args: BenchOptions) -> int:
     busy = sum(1 for r in records if r.get("contended"))
     meta["environment"]["contended"] = run_load.contended or busy > 0
     meta["load"] = dict(run_load.summary(), contended_runs=busy, runs=len(records))
+    meta["commits"] = commits_of(records)  # each record keeps the revision it was measured at
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     if meta["environment"]["contended"]:
         print(f"selfspec: machine was busy during the timing ({busy} of {len(records)} timed runs contended; "
