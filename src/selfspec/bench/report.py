@@ -114,6 +114,17 @@ def summarize(records: list[dict], names: list[str], baselines: dict[str, str] |
     return out
 
 
+def failure_summary(records: list[dict], name: str) -> dict:
+    """The summary of a peer with a failed run (a crash): how many of its runs failed and why,
+    and no figure (its tok/s over the runs that survived would not be over the same prompts)."""
+    rs = [r for r in records if r["method"] == name]
+    bad = [r for r in rs if r.get("failure")]
+    return {"runs": len(rs), "failed_runs": len(bad), "failure": bad[0]["failure"] if bad else None,
+            "kind": rs[0].get("kind", "peer") if rs else "peer", "lossless": True, "backend": "stock",
+            "baseline": "ar", "tokens": sum(r["new_tokens"] for r in rs), "wall_s": None, "tokens_per_s": None,
+            "speedup": None, "speedup_vs_hf": None, "tau": None, "by_category": {}, "acceptance_by_depth": []}
+
+
 def contended_lines(meta: dict, summary: dict) -> list[str]:
     """A paragraph that flags the timings as noisy when the machine was busy with other work
     (``environment.contended``, or records timed while contended); nothing otherwise."""
@@ -178,6 +189,11 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in summary.items():
+        if s.get("failure"):
+            failed = f"**failed** ({s['failed_runs']}/{s['runs']} runs)"
+            lines.append(f"| {name} | {s.get('backend', 'stock')} | {s['kind']} | - | - | {failed} | - | - | - | - | - "
+                         "| - |")
+            continue
         sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
         sh = f"{s['speedup_vs_hf']:.2f}x" if s.get("speedup_vs_hf") is not None else "-"
         tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
@@ -206,6 +222,11 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
             ds = f"{s['drafting_steps']:.2f}" if s.get("drafting_steps") is not None else "-"
             dt = f"{s['draft_share']:.2f}" if s.get("draft_share") is not None else "-"
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {ds} | {dt} |")
+    failures = {n: s for n, s in summary.items() if s.get("failure")}
+    if failures:
+        lines += ["", "Failed peers (no figures: a crash is never a measurement):", ""]
+        lines += [f"- {n}: {s['failed_runs']} of {s['runs']} runs failed; first: {s['failure']}"
+                  for n, s in failures.items()]
     diffs = {n: s["differences"] for n, s in summary.items() if s.get("differences")}
     if diffs:
         lines += ["", "Greedy outputs that differ from ar on the same backend (first differing position):", ""]
