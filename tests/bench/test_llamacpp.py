@@ -104,7 +104,10 @@ def test_llama_peers_run_the_gguf_and_its_f32_on_our_prompt_ids(tiny_dir, datase
     assert info["llama.cpp"]["gguf"] == str(fake) and info["llama.cpp-f32"]["gguf"].endswith(".f32.gguf")
     assert Path(info["llama.cpp-f32"]["gguf"]).read_bytes() == fake.read_bytes()  # the fake "requantized" it
     assert info["llama.cpp"]["llama_cpp"] == "0.0-fake"
-    assert "| llama.cpp-f32 | stock | peer |" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "| llama.cpp-f32 | stock | peer |" in md
+    assert "llama.cpp peers (llama-cpp-python 0.0-fake, 1 threads, greedy on the same prompt ids): llama.cpp on " \
+           "`tiny-q4.gguf` (fake tiny-q4.gguf), llama.cpp-f32 on `tiny-q4-" in md
 
 
 def test_a_crash_is_reported_as_a_crash_never_as_a_figure(tiny_dir, dataset, tmp_path, fake, monkeypatch, capsys):

@@ -166,6 +166,18 @@ def provenance_lines(meta: dict) -> list[str]:
     return [*lines, ""]
 
 
+def peer_lines(meta: dict) -> list[str]:
+    """What the llama.cpp peers ran: each one's GGUF, llama.cpp's description of it and the
+    llama-cpp-python version (``meta["peer_info"]``); nothing when none ran."""
+    info = {n: i for n, i in (meta.get("peer_info") or {}).items() if i}
+    if not info:
+        return []
+    parts = [f"{n} on `{Path(i['gguf']).name}`" + (f" ({i['desc']})" if i.get("desc") else "") for n, i in info.items()]
+    version = next((i["llama_cpp"] for i in info.values() if i.get("llama_cpp")), "?")
+    return [f"llama.cpp peers (llama-cpp-python {version}, {next(iter(info.values())).get('threads')} threads, "
+            f"greedy on the same prompt ids): " + ", ".join(parts) + ".", ""]
+
+
 def write_report(out: Path, meta: dict, summary: dict) -> None:
     (out / "report.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     env = meta["environment"]
@@ -179,6 +191,7 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         f"torch {env['torch']}, transformers {env['transformers']}.",
         "",
         *provenance_lines(meta),
+        *peer_lines(meta),
         "Speedup is against `ar` on the same kernels backend; `vs hf` against `transformers` `generate` "
         "(fp32, stock kernels). `int8` is a quantised model: its methods are lossless with respect to the "
         "int8 model, not to the fp32 one (its quality cost is in docs/performance.md).",
