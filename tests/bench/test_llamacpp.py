@@ -86,12 +86,15 @@ def test_peer_needs_the_models_own_gguf_and_greedy(tiny_dir, dataset, tmp_path, 
     assert "no such file" in capsys.readouterr().err
 
 
-def test_llama_peers_run_the_gguf_and_its_f32_on_our_prompt_ids(tiny_dir, dataset, tmp_path, fake):
+@pytest.mark.parametrize("kernels", ["stock", "onednn"])
+def test_llama_peers_run_the_gguf_and_its_f32_on_our_prompt_ids(tiny_dir, dataset, tmp_path, fake, kernels):
     out = tmp_path / "run"
-    assert bench(tiny_dir, dataset, out, "--peers", "llama.cpp,hf", "--llama-gguf", str(fake)) == 0
+    assert bench(tiny_dir, dataset, out, "--peers", "llama.cpp,hf", "--llama-gguf", str(fake), "--kernels",
+                 kernels) == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    assert {r["method"] for r in records} == {"ar", "hf", "llama.cpp", "llama.cpp-f32"}
-    ar = {r["prompt_id"]: r["token_ids"] for r in records if r["method"] == "ar"}
+    ar_name = "ar" if kernels == "stock" else f"ar@{kernels}"  # peers compare with ar on the backend that ran
+    assert {r["method"] for r in records} == {ar_name, "hf", "llama.cpp", "llama.cpp-f32"}
+    ar = {r["prompt_id"]: r["token_ids"] for r in records if r["method"] == ar_name}
     for r in records:
         if r["method"].startswith("llama.cpp"):
             assert r["kind"] == "peer" and "failure" not in r and r["wall_s"] > 0
@@ -100,6 +103,7 @@ def test_llama_peers_run_the_gguf_and_its_f32_on_our_prompt_ids(tiny_dir, datase
     for name in ("llama.cpp", "llama.cpp-f32"):
         s = rep["summary"][name]
         assert s["identical"] == "3/3" and s["tokens_per_s"] > 0 and s["speedup"] is not None
+        assert s["baseline"] == ar_name
     info = rep["meta"]["peer_info"]
     assert info["llama.cpp"]["gguf"] == str(fake) and info["llama.cpp-f32"]["gguf"].endswith(".f32.gguf")
     assert Path(info["llama.cpp-f32"]["gguf"]).read_bytes() == fake.read_bytes()  # the fake "requantized" it

@@ -385,6 +385,8 @@ def run_bench(args: BenchOptions) -> int:
               f"load up to {run_load.load or 0:.1f} on {run_load.summary()['machine_cores']} cores): speedups are "
               "noisy", file=sys.stderr)
     baselines = {n: entry_name("ar", backend_of[n]) for n in generators}
+    # peers run fp32 on stock kernels: compared with ar there, else with ar on the first backend
+    baselines.update(dict.fromkeys(peers, entry_name("ar", "stock" if "stock" in backends else backends[0])))
     failed = {r["method"] for r in records if r.get("failure")}  # a peer that crashed gets no figure at all
     ran, records = records, [r for r in records if r["method"] not in failed]
     summary = summarize(records, names, baselines)
