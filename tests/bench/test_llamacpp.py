@@ -228,15 +228,20 @@ def test_original_gguf_is_downloaded_once_and_checked(tmp_path, monkeypatch):
 
 
 @pytest.mark.real_model
-def test_real_llama_cpp_on_smollm2(tmp_path, capsys):
-    """Where llama-cpp-python is installed: the real peer on the bundled model's own GGUF."""
+def test_real_llama_cpp_on_smollm2(tmp_path):
+    """Where llama-cpp-python is installed: the real peers on SmolLM2's own GGUF and its F32."""
     pytest.importorskip("llama_cpp")
     from ..conftest import bundled_path
 
-    bundled_path("smollm2-135m-instruct")  # pulled into the real cache
+    path = bundled_path("smollm2-135m-instruct")  # in the real cache, as is the GGUF the peer keeps there
+    gguf = Path(path).parents[1] / "gguf" / "smollm2-135m-instruct.gguf"
+    if not gguf.is_file():
+        pytest.skip("SmolLM2's GGUF is not cached: `selfspec bench --peers llama.cpp` downloads it once")
     out = tmp_path / "real"
-    assert main(["bench", "--model", "smollm2-135m-instruct", "--methods", "ar", "--kernels", "stock",
+    assert main(["bench", "--model", path, "--llama-gguf", str(gguf), "--methods", "ar", "--kernels", "stock",
                  "--peers", "llama.cpp", "--limit", "2", "--max-new-tokens", "16", "--out", str(out)]) == 0
     s = json.loads((out / "report.json").read_text())["summary"]
     for name in ("llama.cpp", "llama.cpp-f32"):
         assert s[name].get("failure") or s[name]["tokens_per_s"] > 0  # a figure, or a crash named as such
+    if not s["llama.cpp-f32"].get("failure"):
+        assert s["llama.cpp-f32"]["identical"] == "2/2"  # the same fp32 weights: the same greedy ids
