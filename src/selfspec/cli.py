@@ -593,6 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = None
     try:  # Ctrl-C at any time, the imports of building the parser and loading a model included
         args = build_parser().parse_args(argv)
+        args.command_line = ["selfspec", *(sys.argv[1:] if argv is None else argv)]  # recorded by bench
         return args.func(args)
     except SelfspecError as e:
         print(f"selfspec: error: {e}", file=sys.stderr)

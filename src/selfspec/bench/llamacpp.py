@@ -1,0 +1,231 @@
+"""llama.cpp as a bench peer: what a CPU user would run instead, on the same weights and prompt ids.
+
+``--peers llama.cpp`` runs two peers through llama-cpp-python (the optional extra
+``selfspec[llamacpp]``): ``llama.cpp`` on the model's own GGUF (a bundled model's shipped GGUF,
+the ``.gguf`` file the model was loaded from, or ``--llama-gguf``) and ``llama.cpp-f32`` on that
+GGUF requantized to F32 with ``llama_model_quantize`` (cached in ``$SELFSPEC_HOME/gguf``);
+``--peers llama.cpp-f32`` runs only the latter. Both decode greedily from the bench's own prompt
+token ids (chat template applied by our tokenizer; no BOS added, no prompt prefix reused between
+prompts), so their ids compare with ``ar``'s.
+
+Each peer runs in a worker process (:mod:`selfspec.bench.llamacpp_worker`): a crash of llama.cpp
+(its quantized kernels segfault on some CPUs) ends the worker, and the bench records that run as
+failed, with the signal, and reports the peer as crashed instead of a figure. The next prompt
+starts a fresh worker; a worker that cannot load the GGUF is not started again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from ..errors import SelfspecError, missing_dependency
+from ..paths import selfspec_home
+from .peers import PeerOutput
+
+log = logging.getLogger(__name__)
+
+LLAMA_CPP = "llama.cpp"
+LLAMA_CPP_F32 = "llama.cpp-f32"
+LLAMA_PEERS = (LLAMA_CPP, LLAMA_CPP_F32)
+WORKER = Path(__file__).with_name("llamacpp_worker.py")
+
+
+def expand_peers(peers: list[str]) -> list[str]:
+    """``llama.cpp`` stands for both llama.cpp peers (own GGUF and F32); other names are kept."""
+    out: list[str] = []
+    for p in peers:
+        out += list(LLAMA_PEERS) if p == LLAMA_CPP else [p]
+    return list(dict.fromkeys(out))
+
+
+def require_llama_cpp() -> None:
+    """One-line error, with the install command, unless llama-cpp-python is installed (it is not
+    imported here: only the worker process loads it)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise missing_dependency("llama-cpp-python", "llamacpp", "the bench peer llama.cpp")
+
+
+def model_gguf(model: str, given: str | None = None) -> Path:
+    """The model's own GGUF: ``given`` (``--llama-gguf``), the ``.gguf`` file ``model`` names, or a
+    bundled model's shipped GGUF (downloaded again once; see
+    :func:`selfspec.models.bundled.original_gguf`)."""
+    from ..models import bundled
+
+    if given:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise SelfspecError(f"--llama-gguf {given}: no such file")
+        return path
+    if str(model).endswith(".gguf") and Path(model).expanduser().is_file():
+        return Path(model).expanduser()
+    if model in bundled.BUNDLED:
+        return bundled.original_gguf(model)
+    raise SelfspecError(f"the llama.cpp peer runs the model's own GGUF, and {model} has none known: pass "
+                        "--llama-gguf PATH (a GGUF of the same weights and tokenizer)")
+
+
+def f32_path(src: Path) -> Path:
+    """Where the F32 requantization of ``src`` is cached (keyed by its path, size and mtime)."""
+    st = src.stat()
+    key = hashlib.sha256(f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return selfspec_home() / "gguf" / f"{src.stem}-{key}.f32.gguf"
+
+
+def describe_exit(returncode: int) -> str:
+    """``SIGSEGV`` for a process killed by a signal, ``exit status N`` otherwise."""
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+@dataclass(frozen=True)
+class PeerFailure:
+    """A peer run that produced no output: ``message`` says why (a crash names its signal)."""
+
+    message: str
+
+
+@dataclass
+class LlamaCppPeer:
+    """One llama.cpp peer: a GGUF served by a worker process, restarted after a crash.
+
+    Attributes:
+        name: the peer's name in records (``llama.cpp`` or ``llama.cpp-f32``).
+        gguf: the model's own GGUF.
+        n_ctx: context size for the worker (prompt plus generated tokens must fit).
+        threads: llama.cpp threads (the bench's torch threads, so both use the same cores).
+        f32: requantize ``gguf`` to F32 first and run that.
+        vocab_size: the model's vocabulary size; a GGUF of another size is refused as another model.
+        command: how to start the worker (tests start a fake one).
+    """
+
+    name: str
+    gguf: Path
+    n_ctx: int
+    threads: int
+    f32: bool = False
+    vocab_size: int | None = None
+    command: list[str] = field(default_factory=lambda: [sys.executable, str(WORKER)])
+    info: dict = field(default_factory=dict)
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _stderr: IO[str] | None = field(default=None, repr=False)
+    _dead: PeerFailure | None = field(default=None, repr=False)
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        lines = [x.strip() for x in self._stderr.read().splitlines() if x.strip()]
+        return f": {lines[-1][:200]}" if lines else ""
+
+    def _weights(self) -> Path | PeerFailure:
+        """The GGUF to run: the own one, or its F32 requantization (made once, in a worker)."""
+        if not self.f32:
+            return self.gguf
+        out = f32_path(self.gguf)
+        if out.is_file():
+            return out
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SelfspecError(f"cannot write the F32 GGUF to {out.parent} ({e.strerror or e}); set SELFSPEC_HOME "
+                                "to a writable directory") from e
+        log.info("requantizing %s to F32 -> %s", self.gguf, out)
+        print(f"selfspec: requantizing {self.gguf.name} to F32 for the {self.name} peer (once) ...", file=sys.stderr)
+        tmp = out.with_suffix(".tmp")
+        r = subprocess.run([*self.command, "quantize", str(self.gguf), str(tmp), "--ftype", "f32"],
+                           capture_output=True, text=True)
+        if r.returncode != 0 or not tmp.is_file():
+            tmp.unlink(missing_ok=True)
+            tail = [x for x in (r.stderr or "").splitlines() if x.strip()][-1:]
+            return PeerFailure(f"{self.name}: requantizing {self.gguf.name} to F32 failed "
+                               f"({describe_exit(r.returncode)}){': ' + tail[0][:200] if tail else ''}")
+        tmp.replace(out)
+        return out
+
+    def start(self) -> PeerFailure | None:
+        """Start the worker (after requantizing, for F32) and wait until it has loaded the GGUF;
+        a failure to load is kept, and every later run of this peer reports it."""
+        if self._dead is not None:
+            return self._dead
+        if self._proc is not None:
+            return None
+        weights = self._weights()
+        if isinstance(weights, PeerFailure):
+            self._dead = weights
+            return weights
+        if self._stderr is not None:  # the previous worker's, after a crash
+            self._stderr.close()
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [*self.command, "serve", str(weights), "--n-ctx", str(self.n_ctx), "--threads", str(self.threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1)
+        line = self._proc.stdout.readline()
+        hello = json.loads(line) if line.strip() else None
+        if hello is None or "error" in hello:
+            rc = self._proc.wait()
+            why = (f"could not load it: {hello['error']}" if hello
+                   else f"crashed ({describe_exit(rc)}){self._stderr_tail()}")
+            self._dead = PeerFailure(f"{self.name} on {weights.name}: {why}")
+            self._proc = None
+            return self._dead
+        if self.vocab_size is not None and hello.get("n_vocab") != self.vocab_size:
+            self.close()
+            self._dead = PeerFailure(f"{self.name}: {weights.name} has a vocabulary of {hello.get('n_vocab')} tokens, "
+                                     f"the model {self.vocab_size}: not the same model")
+            return self._dead
+        self.info = {"gguf": str(weights), "desc": hello.get("desc", ""), "llama_cpp": hello.get("version", ""),
+                     "n_ctx": self.n_ctx, "threads": self.threads}
+        return None
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos: list[int]) -> PeerOutput | PeerFailure:
+        """Greedy ids after ``ids`` and the worker's wall time, or why there are none (a crash
+        ends the worker; the next call starts a fresh one)."""
+        failed = self.start()
+        if failed is not None:
+            return failed
+        assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
+        req = {"ids": list(ids), "max_new_tokens": max_new_tokens, "eos": sorted(eos)}
+        try:
+            self._proc.stdin.write(json.dumps(req) + "\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line.strip():
+            rc = self._proc.wait()
+            tail = self._stderr_tail()
+            self._proc = None
+            return PeerFailure(f"{self.name} crashed ({describe_exit(rc)}) on a prompt of {len(ids)} tokens{tail}")
+        reply = json.loads(line)
+        if "error" in reply:
+            return PeerFailure(f"{self.name} failed: {reply['error']}")
+        return PeerOutput(list(reply["token_ids"]), float(reply["wall_s"]))
+
+    def close(self) -> None:
+        """End the worker (closing its stdin ends it)."""
+        if self._proc is not None:
+            try:
+                if self._proc.stdin is not None:
+                    self._proc.stdin.close()
+                self._proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
