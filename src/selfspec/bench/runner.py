@@ -131,8 +131,11 @@ def parse_method(entry: str) -> tuple[str, dict]:
 
 
 def entry_name(method: str, backend: str) -> str:
-    """Name of a method run on a kernels backend in reports: ``pld`` on stock, ``pld@int8`` else."""
-    return method if backend == "stock" else f"{method}@{backend}"
+    """Name of a method run on a kernels backend in reports: ``pld`` on stock, ``pld@int8`` else; a
+    configuration ``auto`` chose names its kernels itself (``auto→self-spec@stock, draft int8``)."""
+    from ..autoselect import AUTO_PREFIX
+
+    return method if backend == "stock" or method.startswith(AUTO_PREFIX) else f"{method}@{backend}"
 
 
 def _record_key(r: dict) -> tuple:
