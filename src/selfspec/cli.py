@@ -182,7 +182,8 @@ def _stats_line(r) -> str:
     sampled = f"; seed {seed} ({getattr(r, 'sampling', 'coupled')} sampling)" if seed is not None else ""
     from .autoselect import AUTO_PREFIX
 
-    kernels = "" if r.method.startswith(AUTO_PREFIX) else f", {kernels_label(r.kernels)} kernels"  # named in it
+    named = r.method.startswith(AUTO_PREFIX) and r.kernels != "int8"  # auto's label names the kernels
+    kernels = "" if named else f", {kernels_label(r.kernels)} kernels"
     return (f"[{r.method}{'' if r.lossless else ' NOT LOSSLESS'}{kernels}] "
             f"{r.new_tokens} tokens in {r.wall_s:.2f} s = "
             f"{r.tokens_per_s:.1f} tok/s; {r.steps} target forwards, tau {r.mean_accepted:.2f}{sampled}")
@@ -535,12 +536,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_auto_progress() -> None:
-    """The library logs what ``auto`` measures and chooses (``selfspec.auto``); the CLI prints it."""
+    """The library logs what ``auto`` measures and chooses (``selfspec.auto``); the CLI prints it
+    on whatever ``sys.stderr`` is when the message comes (tests replace it)."""
     import logging
+
+    class Stderr(logging.StreamHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            self.stream = sys.stderr
+            super().emit(record)
 
     logger = logging.getLogger("selfspec.auto")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = Stderr()
         handler.setFormatter(logging.Formatter("selfspec: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
