@@ -241,7 +241,8 @@ def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = AUTO, device: s
     if self_test:
         tree_self_test(target.model)
     if method == AUTO or kernels == AUTO:
-        return _load_chosen(target, method, method_options, kernels, trust_remote_code, remeasure)
+        return _load_chosen(target, method, method_options, kernels, trust_remote_code, remeasure,
+                            keep=isinstance(model, LoadedModel))
     return _build(target, method, method_options, trust_remote_code)
 
 
@@ -254,10 +255,12 @@ def _build(target: LoadedModel, method: str, options: dict, trust_remote_code: b
 
 
 def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, trust_remote_code: bool,
-                 remeasure: bool) -> SpeculativeGenerator:
+                 remeasure: bool, keep: bool) -> SpeculativeGenerator:
     """``auto`` for the method, the kernels or both: the candidates (the registry's ``auto``
     candidates, or ``method`` alone, on every fp32 backend here or on ``kernels`` alone), the
-    choice (cached, else calibrated with the kernels switched in place), and the chosen one built."""
+    choice (cached, else calibrated with the kernels switched in place), and the chosen one built.
+    Unless ``keep`` (a model the caller loaded, which other generators may share), the layers of
+    the backends not chosen are freed."""
     from . import autoselect
     from .drafters.spec import AutoContext
     from .kernels.auto import candidates as fp32_kernels
@@ -279,7 +282,7 @@ def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, 
     choice = autoselect.choose(target, make, cands, reference, remeasure=remeasure)
     c = choice.candidate
     if len(backends) > 1 or target.backend != c.kernels:
-        target.use_kernels(c.kernels)  # frees the layers of the backends not chosen
+        target.use_kernels(c.kernels, keep=keep)  # without keep: frees the layers of the backends not chosen
     g = _build(target, c.method, c.options, trust_remote_code)
     if method == AUTO:
         g.method = autoselect.auto_label(c)
