@@ -3,7 +3,7 @@
 ``selfspec.load`` does not use this: it chooses kernels together with the method by decode
 tokens/s (:mod:`selfspec.autoselect`), because the proxy below was wrong on an Intel AMX Xeon
 (oneDNN won T(1) + T(4) while stock kernels decoded faster). What remains here serves the commands
-that load a model without a method (``selfspec tune``, ``profile``, a ``bench`` kernels list):
+that load a model without a method (``selfspec tune``, ``profile``):
 
 Quick measurement (``core.cost.measure`` of q = 1 and 4 only, 128-token cache, the candidates
 interleaved over 3 rounds), cached next to the cost profiles so it happens once per model,
