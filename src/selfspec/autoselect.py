@@ -1,36 +1,22 @@
-"""``auto``: the fastest exact configuration for this model on this machine, chosen end to end.
+"""``auto``: the fastest exact configuration for this model here, chosen end to end.
 
-A configuration is a (method, verify kernels, draft precision) triple, a :class:`Candidate`:
+A configuration (:class:`Candidate`) is a method, its verify kernels (the lossless fp32 backends
+that run here) and, where the method has that option, its draft precision (drafts need no
+exactness: verification stays on the verify kernels). Methods come from the registry's specs
+(:class:`~selfspec.drafters.spec.AutoCandidacy`); this module names none and never calls
+``api.load``. The cross product is measured by greedy decode tokens/s on the shipped calibration
+prompts, in the process that will decode, the kernels switched in place, by successive halving
+(:data:`ROUNDS`): every candidate decodes one prompt, the fastest few two more, interleaved, the
+best two the last, and the fastest over all it decoded wins (:func:`select`). Not a proxy: T(1) +
+T(4) chose the slower kernels on an Intel AMX Xeon (the default ran at 0.86x the best fixed
+configuration). Where the method is chosen, a candidate whose ids differ from the reference's
+(``ar``) on the same kernels is disqualified. ``--method M`` leaves only kernels to choose (no
+reference), ``--kernels X`` only methods, both nothing.
 
-- methods are the registry's methods that declare themselves ``auto`` candidates and can run
-  here without further downloads or training (:class:`~selfspec.drafters.spec.AutoCandidacy`:
-  ``ar`` and the training-free drafters always; ``self-spec`` where a skip config exists, a head
-  method where a head is installed, a fine-tune's own method, ``draft-model`` where a draft is
-  named). This module names no method: the caller passes the registry's specs.
-- verify kernels are the lossless fp32 backends that run here (``stock``, ``onednn``);
-- draft precisions are the values of a method's precision option (``self-spec``'s
-  ``draft_kernels``: the verify kernels, or an int8 copy of the weights). Drafts need no
-  exactness: verification stays on the verify kernels, so output is unchanged.
-
-The cross product is measured by decode tokens/s, greedily, on the shipped calibration prompts, in
-the process that will decode (same model, threads, memory), switching kernels in place rather than
-loading the model again. Successive halving (:data:`ROUNDS`) keeps it short: every candidate is
-built, warmed up and decodes one prompt (a pruning round); the fastest few decode two more,
-interleaved prompt by prompt so that a change of machine load hits them alike; the best two decode
-the last one, and the fastest over everything it decoded wins (:func:`select`). A proxy (T(1) +
-T(4) on a fixed cache) is not used: it chose the slower kernels on an Intel AMX Xeon, where the
-default then ran at 0.86x the best fixed configuration.
-
-Losslessness: where the method is being chosen, every candidate's ids are compared with those of
-the reference method (``ar``) on the same kernels and prompt; a candidate whose ids differ is
-disqualified (and reported). Where the user fixed the method (``--method M``), only its kernels
-are chosen and there is nothing to compare it with. Where the user fixed the kernels, only
-methods are chosen; where both are fixed nothing is measured.
-
-The choice is cached per model, machine and candidate list under ``$SELFSPEC_HOME/profiles``
-(a new head, skip config or fine-tune means a new measurement); ``remeasure`` redoes it, a corrupt
-cache is measured again, never trusted, and a choice calibrated while other processes were busy
-on this machine is marked ``busy`` and measured again on a later start that finds it quiet.
+The choice is cached per model, machine and candidate list (a new head, skip config or fine-tune
+means a new measurement); ``remeasure`` redoes it, a corrupt cache is measured again, and a
+choice calibrated while the machine was busy is redone on a later start that finds it quiet.
+See ``docs/DESIGN.md``, "Choosing the configuration".
 """
 
 from __future__ import annotations
@@ -143,14 +129,6 @@ class Choice:
     pruned: dict[str, float] = field(default_factory=dict)
     cached: bool = False
     busy: bool = False
-
-    @property
-    def method(self) -> str:
-        return self.candidate.method
-
-    @property
-    def kernels(self) -> str:
-        return self.candidate.kernels
 
 
 def candidates(target: LoadedModel, specs: Iterable[MethodSpec], kernels: Sequence[str],
