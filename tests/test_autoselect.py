@@ -1,29 +1,160 @@
-"""``method="auto"``: selection from a calibration table, the cache (refused when corrupt), the
-candidate list, and greedy ids identical to ``ar``."""
+"""``auto``: the joint choice of (method, kernels, draft precision) by decode tokens/s.
+
+Selection and successive halving are driven by fake generators on an injected clock (no sleeps,
+nothing that depends on this machine's speed); the cache (corrupt, busy), the candidate list from
+the registry, and what ``selfspec.load`` fixes when the user names kernels or a method, on tiny
+random-init models."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 import selfspec
 from selfspec import autoselect
 from selfspec.autoselect import Candidate, Choice
+from selfspec.drafters.spec import ALWAYS, AutoCandidacy, AutoContext, MethodSpec
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
+from selfspec.registry import METHODS
 
 from .conftest import prompt_ids
 
 
-def test_select_takes_the_fastest_lossless_candidate():
-    table = {"ar": 20.0, "pld": 26.0, "msn": 31.0, "jacobi": 22.0}
-    assert autoselect.select(table) == "msn"
-    assert autoselect.select(table, {"msn": False}) == "pld"  # differs from ar: never chosen
-    assert autoselect.select({"ar": 20.0, "pld": 20.0}) == "ar"  # a tie is not a speedup
-    assert autoselect.select({"ar": 20.0, "pld": 19.9}) == "ar"
-    assert autoselect.select({"ar": 0.0, "pld": 0.0}) == "ar"
-    assert autoselect.select({}) == "ar"
+class FakeClock:
+    """Seconds that pass only when a fake generator decodes."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeGen:
+    """Decodes ``speed`` tokens per fake second (``speeds`` by prompt overrides it); its ids are
+    ``ids`` except where ``differ`` names a prompt."""
+
+    def __init__(self, clock: FakeClock, speed: float, speeds: dict | None = None, differ: str = "") -> None:
+        self.clock, self.speed, self.speeds, self.differ = clock, speed, speeds or {}, differ
+        self.prompts: list[str] = []  # every generate, warm-up included
+
+    def generate(self, prompt: str, max_new_tokens: int):
+        self.prompts.append(prompt)
+        self.clock.t += max_new_tokens / self.speeds.get(prompt, self.speed)
+        ids = [9, 9] if prompt == self.differ else [1, ord(prompt[0])]
+        return SimpleNamespace(new_tokens=max_new_tokens, token_ids=ids)
+
+
+def fakes(clock: FakeClock, table: dict[str, FakeGen | None]):
+    """``make`` over fake generators by short label (see :func:`cand`; None or missing: fails to build)."""
+    built: list[str] = []
+    by_label = {cand(short).label: g for short, g in table.items()}
+
+    def make(c: Candidate):
+        built.append(c.label)
+        g = by_label.get(c.label)
+        if g is None:
+            raise SelfspecError("no such thing here")
+        return g
+
+    return make, built
+
+
+def cand(label: str) -> Candidate:
+    """``ar@stock`` / ``self-spec@onednn:int8`` -> a Candidate."""
+    method, rest = label.split("@")
+    kernels, _, precision = rest.partition(":")
+    opts = {"draft_kernels": precision} if precision else {}
+    return Candidate(method, opts, kernels, precision)
+
+
+PROMPTS = ["a", "b", "c", "d"]
+
+
+def test_labels_name_method_kernels_and_draft_precision():
+    assert cand("pld@stock").label == "pld@stock"
+    assert cand("self-spec@onednn:int8").label == "self-spec@onednn, draft int8"
+    assert autoselect.auto_label(cand("self-spec@stock:same")) == "auto→self-spec@stock, draft as verify"
+
+
+def test_select_takes_the_fastest_identical_entry():
+    table = {"ar@stock": 20.0, "pld@stock": 26.0, "msn@stock": 31.0, "jacobi@stock": 22.0}
+    assert autoselect.select(table) == "msn@stock"
+    assert autoselect.select(table, {"msn@stock": False}) == "pld@stock"  # differs from ar: never chosen
+    assert autoselect.select({"ar@stock": 20.0, "pld@stock": 20.0}) == "ar@stock"  # a tie is not a speedup
+    assert autoselect.select({"ar@stock": 0.0}) is None and autoselect.select({}) is None
+
+
+def test_halving_picks_the_fastest_pair_prunes_and_disqualifies():
+    """Every pair decodes the pruning prompt; the best 4 two more, interleaved; the best 2 the last.
+    The winner is the fastest over everything it decoded, not the first round's leader."""
+    clock = FakeClock()
+    gens = {
+        "ar@stock": FakeGen(clock, 10), "ar@onednn": FakeGen(clock, 8),
+        "msn@stock": FakeGen(clock, 60, differ="a"),  # fastest, but its ids differ from ar's
+        "msn@onednn": FakeGen(clock, 12),
+        "pld@stock": FakeGen(clock, 30, speeds={"a": 50}),  # leads the pruning round only
+        "pld@onednn": FakeGen(clock, 25, differ="c"),  # differs on a later prompt: disqualified there
+        "self-spec@stock:same": FakeGen(clock, 20), "self-spec@stock:int8": FakeGen(clock, 35),
+        "self-spec@onednn:int8": FakeGen(clock, 28), "jacobi@stock": None,  # fails to build
+    }
+    make, _ = fakes(clock, gens)
+    cands = [cand(label) for label in gens]
+    cal = autoselect.measure(make, cands, PROMPTS, reference="ar", max_new_tokens=40, clock=clock)
+    assert cal.identical == {"msn@stock": False, "pld@onednn": False}
+    assert "jacobi@stock" in cal.errors and "jacobi@stock" not in cal.speeds
+    assert list(cal.finalists()) == ["pld@stock", "self-spec@stock, draft int8"]
+    assert autoselect.select(cal.finalists(), cal.identical) == "self-spec@stock, draft int8"
+    assert cal.pruned()["self-spec@onednn, draft int8"] == pytest.approx(28)  # pruned after round 1
+    assert gens["msn@onednn"].prompts == ["a", "a"]  # warm-up + the pruning prompt only
+    assert gens["self-spec@onednn:int8"].prompts == ["a", "a", "b", "c"]
+    assert gens["pld@stock"].prompts == ["a", "a", "b", "c", "d"]
+    # the reference ran every prompt a candidate on its kernels ran, once each (untimed past round 0)
+    assert gens["ar@stock"].prompts == ["a", "a", "b", "c", "d"]
+    assert gens["ar@onednn"].prompts == ["a", "a", "b", "c"]
+
+
+def test_a_fixed_method_chooses_kernels_without_a_reference():
+    clock = FakeClock()
+    gens = {"pld@stock": FakeGen(clock, 30), "pld@onednn": FakeGen(clock, 34, differ="b")}
+    make, built = fakes(clock, gens)
+    cal = autoselect.measure(make, [cand(label) for label in gens], PROMPTS, reference=None, clock=clock)
+    assert built == ["pld@stock", "pld@onednn"]  # no ar built: nothing to compare the user's method with
+    assert autoselect.select(cal.finalists(), cal.identical) == "pld@onednn"
+    assert gens["pld@onednn"].prompts == ["a", "a", "b", "c", "d"]
+
+
+def test_candidates_come_from_the_registry(tiny):
+    cands = autoselect.candidates(tiny, METHODS.values(), ["stock", "onednn"])
+    labels = [c.label for c in cands]
+    assert labels[:2] == ["ar@stock", "ar@onednn"]  # the reference first, on every kernels
+    assert {"pld@stock", "msn@onednn", "jacobi@stock"} <= set(labels)
+    assert not any(c.method in ("self-spec", "eagle2", "sdsat", "draft-model", "sdsat-lossy") for c in cands)
+    with_draft = autoselect.candidates(tiny, METHODS.values(), ["stock"], AutoContext(draft_model="some-draft"))
+    assert Candidate("draft-model", {"draft_model": "some-draft"}, "stock") in with_draft
+
+
+def test_draft_precisions_are_part_of_the_cross_product(tiny):
+    spec = MethodSpec("toy", object, lambda *a: None, True, "toy",
+                      auto=AutoCandidacy(ALWAYS.options, "draft_kernels", ("same", "int8")))
+    lossy = MethodSpec("toy-lossy", object, lambda *a: None, False, "lossy", auto=ALWAYS)
+    labels = [c.label for c in autoselect.candidates(tiny, [spec, lossy], ["stock", "int8"])]
+    # int8 drafts on int8 verify kernels are the "same" variant; a lossy method is never a candidate
+    assert labels == ["toy@stock, draft as verify", "toy@stock, draft int8", "toy@int8, draft as verify"]
+
+
+def test_candidates_of_a_fine_tuned_model(tmp_path, tiny_dir):
+    import shutil
+
+    d = tmp_path / "ft"
+    shutil.copytree(tiny_dir, d)
+    (d / "selfspec_finetune.json").write_text(json.dumps({"method": "space", "new_ids": [5]}))
+    methods = [c.method for c in autoselect.candidates(load_model(str(d), kernels="stock"), METHODS.values(),
+                                                       ["stock"])]
+    assert "space" in methods and "sdsat" not in methods and "space-lossy" not in methods
 
 
 def test_calibration_prompts_mix_code_and_chat():
@@ -36,90 +167,109 @@ def tiny(tiny_dir):
     return load_model(str(tiny_dir), kernels="stock")
 
 
-def test_candidates_of_a_plain_model(tiny):
-    names = [c.method for c in autoselect.candidates(tiny)]
-    assert names[0] == "ar" and {"pld", "msn", "jacobi"} <= set(names)
-    assert "self-spec" not in names and "eagle2" not in names and "sdsat" not in names  # nothing installed
-    with_draft = autoselect.candidates(tiny, draft_model="some-draft")
-    assert with_draft[-1] == Candidate("draft-model", {"draft_model": "some-draft"})
+class FakeMonitor:
+    """A LoadMonitor that reports what the test says."""
+
+    def __init__(self, busy: bool) -> None:
+        self.contended = busy
+
+    def start(self):
+        return self
+
+    def stop(self):
+        return self
+
+    def summary(self) -> dict:
+        return {"contended": self.contended}
 
 
-def test_candidates_of_a_fine_tuned_model(tmp_path, tiny_dir):
-    import shutil
+def chooser(tiny, clock: FakeClock, counts: list[int]):
+    """``choose`` over fakes where self-spec@stock is the fastest; ``counts`` grows per calibration."""
+    speeds = {"ar@stock": 10, "pld@stock": 20, "self-spec@stock:int8": 30, "pld@onednn": 15}
+    gens = {label: FakeGen(clock, s) for label, s in speeds.items()}
+    make, _ = fakes(clock, gens)
+    cands = [cand(label) for label in speeds]
 
-    d = tmp_path / "ft"
-    shutil.copytree(tiny_dir, d)
-    (d / "selfspec_finetune.json").write_text(json.dumps({"method": "space", "new_ids": [5]}))
-    names = [c.method for c in autoselect.candidates(load_model(str(d), kernels="stock"))]
-    assert "space" in names
+    def choose(remeasure: bool = False, busy: bool = False, busy_now: bool = False) -> Choice:
+        before = clock.t
+        choice = autoselect.choose(tiny, make, cands, "ar", remeasure=remeasure, prompts=PROMPTS, clock=clock,
+                                   monitor=lambda: FakeMonitor(busy), busy_now=lambda: busy_now)
+        if clock.t > before:
+            counts.append(1)
+        return choice
 
-
-def test_measure_builds_and_ranks_with_a_fake_generator():
-    """Successive halving: every candidate runs the first half; ar and the best finalists the rest."""
-
-    class Fake:
-        def __init__(self, speed: float, ids: list[int]):
-            self.speed, self.ids, self.prompts = speed, ids, []
-
-        def generate(self, prompt, max_new_tokens):
-            import time
-
-            self.prompts.append(prompt)
-            time.sleep(max_new_tokens / self.speed / 1000)
-
-            class R:
-                new_tokens = max_new_tokens
-                token_ids = self.ids
-
-            return R()
-
-    fakes = {"ar": Fake(10, [1, 2]), "pld": Fake(30, [1, 2]), "msn": Fake(60, [9, 9]), "jacobi": Fake(5, [1, 2]),
-             "self-spec": Fake(20, [1, 2])}
-
-    def make(c: Candidate):
-        if c.method == "broken":
-            raise SelfspecError("no such thing")
-        return fakes[c.method]
-
-    cands = [Candidate(m) for m in ("ar", "pld", "msn", "jacobi", "self-spec", "broken")]
-    logged: list[str] = []
-    table, identical = autoselect.measure(make, cands, ["a", "b", "c", "d"], max_new_tokens=40, finalists=2,
-                                          log=logged.append)
-    # the first round's rates say which prompts they are from (the choice's line gives the other half's)
-    assert len(logged) == 5 and all(line.endswith("tok/s on the first 2 prompt(s)") for line in logged)
-    assert identical["msn"] is False  # fastest, but its ids differ from ar's
-    assert "jacobi" not in table and "broken" not in table  # not a finalist / failed to build
-    assert autoselect.select(table, identical) == "pld"
-    assert fakes["jacobi"].prompts == ["a", "a", "b"]  # warm-up + first half only
-    assert fakes["pld"].prompts == ["a", "a", "b", "c", "d"]
+    return choose, cands
 
 
-def test_cache_is_used_and_corrupt_cache_is_remeasured(tiny, monkeypatch):
-    calls = []
-
-    def fake_measure(make, cands, prompts, **kw):
-        calls.append([c.method for c in cands])
-        return {"ar": 1.0, "pld": 2.0}, {"ar": True, "pld": True}
-
-    monkeypatch.setattr(autoselect, "measure", fake_measure)
-    make = lambda c: None  # noqa: E731 (never called: measure is faked)
-    first = autoselect.choose(tiny, make, remeasure=True, progress=False)
-    assert first == Choice("pld", {}, {"ar": 1.0, "pld": 2.0}) and len(calls) == 1
-    again = autoselect.choose(tiny, make, progress=False)
-    assert again.cached and again.method == "pld" and len(calls) == 1  # from the cache
-    path = autoselect._cache_path(tiny, autoselect.candidates(tiny))
-    for corrupt in ("{not json", json.dumps({"method": "warp-drive", "options": {}, "table": {}}),
-                    json.dumps({"method": "pld"}), json.dumps([1, 2])):
+def test_choice_is_cached_and_a_corrupt_cache_is_measured_again(tiny):
+    counts: list[int] = []
+    choose, cands = chooser(tiny, FakeClock(), counts)
+    first = choose(remeasure=True)
+    assert first.candidate == cand("self-spec@stock:int8") and not first.cached and len(counts) == 1
+    assert set(first.table) == {"self-spec@stock, draft int8", "pld@stock"}
+    again = choose()
+    assert again.cached and again.candidate == first.candidate and len(counts) == 1  # from the cache
+    path = autoselect.cache_path(tiny, cands)
+    good = json.loads(path.read_text())
+    for corrupt in ("{not json", json.dumps({**good, "choice": "warp-drive@stock"}), json.dumps({"choice": "x"}),
+                    json.dumps([1, 2]), json.dumps({**good, "table": {"pld@stock": "fast"}}),
+                    json.dumps({**good, "busy": "no"})):
         path.write_text(corrupt)
-        assert autoselect.read_cache(path, autoselect.candidates(tiny)) is None
-        assert autoselect.choose(tiny, make, progress=False).method == "pld"
-    assert len(calls) == 5  # each corrupt cache was measured again, never trusted
-    assert autoselect.choose(tiny, make, remeasure=True, progress=False).cached is False
+        assert autoselect.read_cache(path, cands) is None
+        assert choose().candidate == first.candidate
+    assert len(counts) == 7  # each corrupt cache was measured again, never trusted
+    assert not choose(remeasure=True).cached and len(counts) == 8
+
+
+def test_a_busy_calibration_is_redone_on_a_quiet_start(tiny):
+    counts: list[int] = []
+    choose, _ = chooser(tiny, FakeClock(), counts)
+    busy = choose(remeasure=True, busy=True)
+    assert busy.busy and len(counts) == 1
+    assert choose(busy_now=True).cached and len(counts) == 1  # still busy: the cached choice stands
+    quiet = choose(busy_now=False)  # quiet now: measured again, and the new one is trusted
+    assert not quiet.cached and not quiet.busy and len(counts) == 2
+    assert choose(busy_now=False).cached and len(counts) == 2
+
+
+def test_a_single_candidate_is_not_measured(tiny):
+    def make(c):
+        raise AssertionError("nothing to measure")
+
+    assert autoselect.choose(tiny, make, [cand("pld@stock")]) == Choice(cand("pld@stock"))
+
+
+def spy_on_choose(monkeypatch) -> list[list[str]]:
+    seen: list[list[str]] = []
+    real = autoselect.choose
+
+    def spy(target, make, cands, reference="ar", **kw):
+        seen.append([c.label for c in cands])
+        return real(target, make, cands, reference, **kw)
+
+    monkeypatch.setattr(autoselect, "choose", spy)
+    return seen
+
+
+def test_user_kernels_fix_the_kernels_and_a_user_method_fixes_the_method(tiny_dir, monkeypatch):
+    from selfspec.kernels.auto import candidates as fp32_kernels
+
+    seen = spy_on_choose(monkeypatch)
+    target = load_model(str(tiny_dir), kernels="stock")
+    g = selfspec.load(target, method="auto", kernels="stock", self_test=False)
+    assert all(label.endswith("@stock") for label in seen[-1]) and "ar@stock" in seen[-1]
+    assert g.method.startswith("auto→") and g.method.endswith("@stock") and g.kernels == "stock"
+    g = selfspec.load(target, method="pld", kernels="auto", self_test=False, k=3)
+    assert seen[-1] == [f"pld@{k}" for k in fp32_kernels(target.model)]  # only kernels, for pld
+    assert g.method == "pld" and g.drafter is not None
+    n = len(seen)
+    g = selfspec.load(target, method="pld", kernels="stock", self_test=False)
+    assert len(seen) == n and g.auto_choice is None  # both given: nothing to choose
 
 
 def test_auto_greedy_ids_equal_ar(tiny_dir):
     g = selfspec.load(str(tiny_dir), method="auto", kernels="stock")
-    assert g.method.startswith("auto→") and g.auto_table and "ar" in g.auto_table
+    assert g.method.startswith("auto→") and g.auto_table and g.auto_choice is not None
     ar = selfspec.load(g.target, method="ar")
     for seed in range(3):
         ids = prompt_ids(seed, 12)
@@ -134,24 +284,18 @@ def test_auto_refuses_method_options(tiny_dir):
         selfspec.load(str(tiny_dir), method="auto", kernels="stock", k=3)
 
 
-def test_a_new_skip_config_invalidates_the_cached_choice(tiny, monkeypatch):
+def test_a_new_skip_config_invalidates_the_cached_choice(tiny):
     """Installing or tuning a draft (here a skip config) changes the cache key: measured again."""
     from selfspec.drafters.skip_config import user_config_path
 
-    calls = []
-
-    def fake_measure(make, cands, prompts, **kw):
-        calls.append(1)
-        return {"ar": 1.0, "pld": 2.0}, {"ar": True, "pld": True}
-
-    monkeypatch.setattr(autoselect, "measure", fake_measure)
-    make = lambda c: None  # noqa: E731
-    autoselect.choose(tiny, make, remeasure=True, progress=False)
-    assert autoselect.choose(tiny, make, progress=False).cached and len(calls) == 1
+    counts: list[int] = []
+    choose, _ = chooser(tiny, FakeClock(), counts)
+    choose(remeasure=True)
+    assert choose().cached and len(counts) == 1
     p = user_config_path(tiny.name)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text("{}")
     try:
-        assert not autoselect.choose(tiny, make, progress=False).cached and len(calls) == 2
+        assert not choose().cached and len(counts) == 2
     finally:
         p.unlink()

@@ -157,9 +157,11 @@ def test_demo_compares_ar_auto_and_generate_without_warnings(capfd, tiny_dir, mo
 def test_generate_defaults_to_auto(capsys, tiny_dir, monkeypatch):
     monkeypatch.delenv("SELFSPEC_KERNELS")
     code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--json", "--max-new-tokens",
-                         "8", "w1 w2 w3")
+                         "8", "--remeasure", "w1 w2 w3")
     assert code == 0
-    assert json.loads(out)["method"].startswith("auto→")
+    method = json.loads(out)["method"]  # the whole configuration auto chose, e.g. auto→pld@onednn
+    assert method.startswith("auto→") and method.split("@")[1].split(",")[0] in ("stock", "onednn")
+    assert "selfspec: auto: chose " in err  # what the library logged (--remeasure: never cached), printed by the CLI
 
 
 def test_bad_kernels_environment_is_one_line(capsys, tiny_dir, monkeypatch):

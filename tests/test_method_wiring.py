@@ -81,7 +81,7 @@ def test_bad_values_are_refused_with_one_line_naming_the_option(method, option, 
 def test_unknown_options_and_methods_are_named():
     with pytest.raises(SelfspecError, match="has no option 'nope'; its options are: auto_k, k"):
         registry.method_config("pld", {"nope": 1})
-    with pytest.raises(SelfspecError, match="unknown method 'nope'; choose one of: auto, ar, pld"):
+    with pytest.raises(SelfspecError, match="unknown method 'nope'; choose one of: auto, ar, msn, pld"):
         registry.method_config("nope", {})
 
 

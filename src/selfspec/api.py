@@ -22,7 +22,7 @@ from .errors import SelfspecError
 from .models.bundled import DEFAULT_MODEL
 from .models.loading import LoadedModel, load_model
 from .models.selftest import tree_self_test
-from .registry import AUTO, METHODS, BuildContext, method_config
+from .registry import AUTO, BASELINE, METHODS, BuildContext, method_config
 
 
 @dataclass
@@ -102,7 +102,8 @@ class SpeculativeGenerator:
         self._fresh_drafter = snapshot_request_state(drafter)  # restored before each rejection-sampled request
         self.lossless = lossless
         self.last_result: GenerationResult | None = None
-        self.auto_table: dict[str, float] | None = None  # method="auto": calibration tokens/s by method
+        self.auto_choice = None  # where auto chose the configuration: its autoselect.Choice
+        self.auto_table: dict[str, float] | None = None  # ... and the finalists' calibration tokens/s by label
         gc = target.model.generation_config
         eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
         if eos is None and target.tokenizer is not None:
@@ -223,23 +224,26 @@ def load(model: str | LoadedModel = DEFAULT_MODEL, method: str = AUTO, device: s
          **method_options) -> SpeculativeGenerator:
     """Load a model and a decoding method.
 
+    ``auto`` (the default for both ``method`` and ``kernels``, as in the CLI) chooses the
+    configuration (method, verify kernels, draft precision) together, by decode tokens/s on a
+    short calibration in this process, cached per model and machine (:mod:`selfspec.autoselect`).
+    A method or kernels given fix that part of the choice; with both given nothing is measured.
+
     Args:
         model: bundled name, local HF directory, ``.gguf`` file, hub id, or an already loaded model.
         method: one of ``selfspec.METHODS`` (e.g. ``"ar"``, ``"pld"``, ``"draft-model"``), or
-            ``"auto"`` (the default, as in the CLI): the fastest lossless method for this model
-            here, by a short calibration
-            cached per model, backend and machine (:mod:`selfspec.autoselect`); the generator's
-            ``method`` then reads e.g. ``"auto→pld"``. ``auto`` takes only ``draft_model``.
-        remeasure: with ``method="auto"``, calibrate again instead of using the cached choice.
+            ``"auto"``: the fastest lossless configuration here; the generator's ``method`` then
+            reads e.g. ``"auto→self-spec@stock, draft int8"``. ``auto`` takes only ``draft_model``.
+        remeasure: calibrate again instead of using the cached choice (where anything is chosen).
         device: ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``.
         dtype: ``float32`` (default; exact greedy equality), ``bfloat16`` or ``float16``.
         trust_remote_code: allow custom modelling code from a model repository (off by default).
         self_test: check at load time that tree verification equals sequential decoding.
         kernels: linear-layer backend, one of ``selfspec.KERNELS``: ``auto`` (default for a new
-            load, or ``$SELFSPEC_KERNELS`` where set: the fastest fp32 backend here, measured
-            once per model, dtype, device and machine and cached), ``stock`` (PyTorch's kernels),
-            ``onednn`` (fp32, prepacked; CPU) or ``int8`` (quantised model, opt-in). None keeps a
-            loaded model's current backend.
+            load, or ``$SELFSPEC_KERNELS`` where set: the fp32 backend that decodes the method
+            fastest here, chosen with it), ``stock`` (PyTorch's kernels), ``onednn`` (fp32,
+            prepacked; CPU) or ``int8`` (quantised model, opt-in). None keeps a loaded model's
+            current backend.
         threads: torch CPU threads to load, measure and generate with (restored after each call;
             None: torch's choice, usually one per core). On a machine busy with other work,
             ``threads=1`` can be several times faster.
@@ -256,42 +260,73 @@ def _load(model: str | LoadedModel, method: str, device: str | None, dtype: str 
           trust_remote_code: bool, self_test: bool, kernels: str | None, remeasure: bool,
           method_options: dict) -> SpeculativeGenerator:
     """:func:`load` on the threads as they are."""
+    from .kernels import KERNELS, default_kernels
+
     if method == AUTO:
         unknown = sorted(set(method_options) - {"draft_model"})
         if unknown:
             raise SelfspecError(f"method 'auto' has no option {unknown[0]!r}; it takes only draft_model (it chooses "
                                 "a method and its settings itself; name a method to set its options)")
     else:
-        cfg = method_config(method, method_options)
+        method_config(method, method_options)
+    if kernels is not None and kernels not in KERNELS:
+        raise SelfspecError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
     if isinstance(model, LoadedModel):
         target = model
-        if kernels is not None and kernels != target.backend:
-            target.use_kernels(kernels)
+        kernels = target.backend if kernels is None else kernels
     else:
-        from .kernels import default_kernels
-
-        target = load_model(model, device, dtype, trust_remote_code, kernels=kernels or default_kernels())
+        kernels = kernels or default_kernels()
+        target = load_model(model, device, dtype, trust_remote_code, kernels="stock" if kernels == AUTO else kernels)
+    if kernels != AUTO and kernels != target.backend:
+        target.use_kernels(kernels)
     if self_test:
         tree_self_test(target.model)
-    if method == AUTO:
-        return _load_auto(target, device, dtype, trust_remote_code, remeasure, method_options.get("draft_model"))
+    if method == AUTO or kernels == AUTO:
+        return _load_chosen(target, method, method_options, kernels, trust_remote_code, remeasure,
+                            keep=isinstance(model, LoadedModel))
+    return _build(target, method, method_options, trust_remote_code)
+
+
+def _build(target: LoadedModel, method: str, options: dict, trust_remote_code: bool) -> SpeculativeGenerator:
+    """``method`` with ``options`` on ``target`` as it is now (its current kernels), through the registry."""
     ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code,
                        kernels=target.backend)
     spec = METHODS[method]
-    drafter = spec.build(target, cfg, ctx)
-    return SpeculativeGenerator(target, method, drafter, spec.lossless)
+    return SpeculativeGenerator(target, method, spec.build(target, method_config(method, options), ctx), spec.lossless)
 
 
-def _load_auto(target: LoadedModel, device, dtype, trust_remote_code: bool, remeasure: bool,
-               draft_model: str | None) -> SpeculativeGenerator:
-    """``method="auto"``: choose (cached, else calibrated) and build the chosen method."""
+def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, trust_remote_code: bool,
+                 remeasure: bool, keep: bool) -> SpeculativeGenerator:
+    """``auto`` for the method, the kernels or both: the candidates (the registry's ``auto``
+    candidates, or ``method`` alone, on every fp32 backend here or on ``kernels`` alone), the
+    choice (cached, else calibrated with the kernels switched in place), and the chosen one built.
+    Unless ``keep`` (a model the caller loaded, which other generators may share), the layers of
+    the backends not chosen are freed."""
     from . import autoselect
+    from .drafters.spec import AutoContext
+    from .kernels.auto import candidates as fp32_kernels
+
+    backends = fp32_kernels(target.model) if kernels == AUTO else [kernels]
+    if method == AUTO:
+        ctx = AutoContext(draft_model=options.get("draft_model") or None)
+        cands = autoselect.candidates(target, METHODS.values(), backends, ctx)
+        reference: str | None = BASELINE
+    else:  # only kernels are chosen: nothing to compare the user's method with
+        cands = [autoselect.Candidate(method, dict(options), k) for k in backends]
+        reference = None
 
     def make(c: autoselect.Candidate) -> SpeculativeGenerator:
-        return load(target, c.method, device, dtype, trust_remote_code, self_test=False, **c.options)
+        if target.backend != c.kernels:
+            target.use_kernels(c.kernels, keep=True)  # in place: the other backends' layers stay for the next
+        return _build(target, c.method, c.options, trust_remote_code)
 
-    choice = autoselect.choose(target, make, draft_model, remeasure)
-    g = make(autoselect.Candidate(choice.method, choice.options))
-    g.method = f"{AUTO}→{choice.method}"
+    choice = autoselect.choose(target, make, cands, reference, remeasure=remeasure)
+    c = choice.candidate
+    if len(backends) > 1 or target.backend != c.kernels:
+        target.use_kernels(c.kernels, keep=keep)  # without keep: frees the layers of the backends not chosen
+    g = _build(target, c.method, c.options, trust_remote_code)
+    if method == AUTO:
+        g.method = autoselect.auto_label(c)
+    g.auto_choice = choice
     g.auto_table = choice.table
     return g

@@ -1,103 +1,156 @@
-"""``method="auto"`` (``--method auto``): the fastest lossless method for this model on this machine.
+"""``auto``: the fastest exact configuration for this model here, chosen end to end.
 
-Candidates are the methods that run without further downloads or training (:func:`candidates`):
-``ar``, ``pld``, ``jacobi``, ``msn``, ``self-spec`` where a skip config exists, the fine-tuned
-model's own method (``sdsat`` / ``space``), ``eagle2`` / ``hass`` where a head is installed or
-shipped, and ``draft-model`` where the user names a draft.
+A configuration (:class:`Candidate`) is a method, its verify kernels (the lossless fp32 backends
+that run here) and, where the method has that option, its draft precision (drafts need no
+exactness: verification stays on the verify kernels). Methods come from the registry's specs
+(:class:`~selfspec.drafters.spec.AutoCandidacy`); this module names none and never calls
+``api.load``. The cross product is measured by greedy decode tokens/s on the shipped calibration
+prompts, in the process that will decode, the kernels switched in place, by successive halving
+(:data:`ROUNDS`): every candidate decodes one prompt, the fastest few two more, interleaved, the
+best two the last, and the fastest over all it decoded wins (:func:`select`). Not a proxy: T(1) +
+T(4) chose the slower kernels on an Intel AMX Xeon (the default ran at 0.86x the best fixed
+configuration). Where the method is chosen, a candidate whose ids differ from the reference's
+(``ar``) on the same kernels is disqualified. ``--method M`` leaves only kernels to choose (no
+reference), ``--kernels X`` only methods, both nothing.
 
-They are measured greedily on the shipped calibration prompts, in the process that will decode
-(same model, kernels and threads), by successive halving: every candidate decodes the first
-half of the prompts (a pruning round, which also warms the process up), then ``ar`` and the
-best two decode the second half, interleaved prompt by prompt, and the fastest there wins
-(:func:`select`). A candidate whose token ids differ from ``ar``'s is disqualified.
-The choice is cached per model, backend and machine under ``$SELFSPEC_HOME/profiles``, keyed by
-the candidate list too (a new head or skip config means a new measurement); ``remeasure``
-redoes it, and a corrupt cache is measured again, never trusted.
+The choice is cached per model, machine and candidate list (a new head, skip config or fine-tune
+means a new measurement); ``remeasure`` redoes it, a corrupt cache is measured again, and a
+choice calibrated while the machine was busy is redone on a later start that finds it quiet.
+See ``docs/DESIGN.md``, "Choosing the configuration".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Protocol
 
-from .core.cost import profile_key, profile_path, save_cache
+from .core.cost import LoadMonitor, profile_key, profile_path, save_cache
+from .drafters.spec import AutoContext, MethodSpec
+from .errors import SelfspecError
 from .models.loading import LoadedModel
 
+log = logging.getLogger("selfspec.auto")
+
+AUTO_PREFIX = "auto→"  # what a generator whose configuration auto chose is named with
 CALIBRATION_PROMPTS = 4  # 2 code + 2 chat from the shipped calibration set
 CALIBRATION_TOKENS = 32
-FINALISTS = 2  # candidates (besides ar) that also decode the second half of the prompts
+WARMUP_TOKENS = 4
+# Successive halving: (calibration prompts decoded, candidates kept into the round; None: all).
+ROUNDS: tuple[tuple[int, int | None], ...] = ((1, None), (2, 4), (1, 2))
+CACHE_FORMAT = "selfspec-auto/2"
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A method with the options it runs with (``options`` as ``selfspec.load`` keywords)."""
+    """One configuration: a method with its options (``selfspec.load`` keywords, the draft
+    precision option included), the verify kernels, and the draft precision (``""`` where the
+    method has none to choose)."""
 
     method: str
     options: dict = field(default_factory=dict)
+    kernels: str = "stock"
+    precision: str = ""
+
+    @property
+    def label(self) -> str:
+        return config_label(self.method, self.kernels, self.precision)
+
+
+def config_label(method: str, kernels: str, precision: str = "") -> str:
+    """The one name of a configuration in reports, ``--json``, bench records and the server:
+    ``self-spec@stock``, ``self-spec@onednn, draft int8`` (``same``: drafts on the verify kernels)."""
+    out = f"{method}@{kernels}"
+    if precision:
+        out += f", draft {'as verify' if precision == 'same' else precision}"
+    return out
+
+
+def auto_label(candidate: Candidate) -> str:
+    """What a generator whose configuration ``auto`` chose is called: ``auto→pld@stock``."""
+    return AUTO_PREFIX + candidate.label
+
+
+class Decoder(Protocol):
+    """What :func:`measure` times: ``selfspec.load``'s generator, or a fake in tests."""
+
+    def generate(self, prompt: str, max_new_tokens: int) -> object: ...
 
 
 @dataclass
-class Measurement:
-    """Calibration of one candidate: generated tokens and wall seconds per prompt."""
+class Calibration:
+    """What :func:`measure` found, by candidate label (in candidate order).
 
-    tokens: list[int] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-    identical: bool = True
-    error: str = ""
+    Attributes:
+        speeds: tokens/s over every prompt the candidate decoded (timed runs only).
+        reached: the last round (index into :data:`ROUNDS`) the candidate decoded in.
+        identical: False where its ids differed from the reference's on the same kernels.
+        errors: why a candidate could not be built or run (left out).
+    """
 
-    @property
-    def tokens_per_s(self) -> float:
-        total = sum(self.seconds)
-        return sum(self.tokens) / total if total > 0 else 0.0
+    speeds: dict[str, float] = field(default_factory=dict)
+    reached: dict[str, int] = field(default_factory=dict)
+    identical: dict[str, bool] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def finalists(self) -> dict[str, float]:
+        """Tokens/s of the candidates that decoded in the last round reached, in candidate order."""
+        if not self.reached:
+            return {}
+        last = max(self.reached.values())
+        return {label: self.speeds[label] for label, r in self.reached.items() if r == last}
+
+    def pruned(self) -> dict[str, float]:
+        """Tokens/s of the candidates left behind in an earlier round."""
+        final = self.finalists()
+        return {label: s for label, s in self.speeds.items() if label not in final}
 
 
 @dataclass(frozen=True)
 class Choice:
-    """What ``auto`` resolved to, and the calibration table behind it (method -> tokens/s)."""
+    """What ``auto`` resolved to.
 
-    method: str
-    options: dict
-    table: dict[str, float]
+    Attributes:
+        candidate: the chosen configuration.
+        table: tokens/s of the finalists by label (the numbers the choice was made on).
+        pruned: tokens/s of the candidates pruned earlier (fewer prompts: not comparable).
+        cached: read from the cache rather than measured now.
+        busy: the calibration ran while other processes were busy on this machine.
+    """
+
+    candidate: Candidate
+    table: dict[str, float] = field(default_factory=dict)
+    pruned: dict[str, float] = field(default_factory=dict)
     cached: bool = False
+    busy: bool = False
 
 
-def head_available(target: LoadedModel, method: str) -> bool:
-    from .heads import find_head_dir
-
-    return find_head_dir(target.name, method) is not None
-
-
-def candidates(target: LoadedModel, draft_model: str | None = None) -> list[Candidate]:
-    """The lossless methods that can run on ``target`` with what is installed (``ar`` first)."""
-    from .drafters.skip_config import find
-    from .errors import SelfspecError
-
-    # msn before pld and jacobi: its cost profile covers the block sizes they need, so it is measured once
-    out = [Candidate("ar"), Candidate("msn"), Candidate("pld"), Candidate("jacobi")]
-    try:
-        if find(target.name, target.model, "") is not None:
-            out.append(Candidate("self-spec"))
-    except SelfspecError:  # a config for another architecture: not a candidate
-        pass
-    meta_file = Path(target.path) / "selfspec_finetune.json" if target.path is not None else None
-    if meta_file is not None and meta_file.is_file():
-        try:
-            method = json.loads(meta_file.read_text()).get("method")
-        except (json.JSONDecodeError, OSError):
-            method = None
-        if method in ("sdsat", "space"):
-            out.append(Candidate(method))
-    for method in ("eagle2", "hass"):
-        if head_available(target, method):
-            out.append(Candidate(method))
-    if draft_model:
-        out.append(Candidate("draft-model", {"draft_model": draft_model}))
+def candidates(target: LoadedModel, specs: Iterable[MethodSpec], kernels: Sequence[str],
+               ctx: AutoContext | None = None) -> list[Candidate]:
+    """The cross product of the methods in ``specs`` that are ``auto`` candidates for ``target``
+    here (in ``specs`` order, the reference first), their draft precisions, and ``kernels``."""
+    ctx = ctx or AutoContext()
+    out: list[Candidate] = []
+    for spec in specs:
+        if spec.auto is None or not spec.lossless:
+            continue
+        options = spec.auto.options(spec.name, target, ctx)
+        if options is None:
+            continue
+        variants = [(dict(options), "")]
+        if spec.auto.precision_option:
+            variants = [({**options, spec.auto.precision_option: p}, p) for p in spec.auto.precisions]
+        for k in kernels:
+            for opts, precision in variants:
+                if precision not in ("", "same") and precision == k:
+                    continue  # drafts on the verify kernels: the "same" variant
+                out.append(Candidate(spec.name, opts, k, precision))
     return out
 
 
@@ -119,22 +172,126 @@ def calibration_prompts(n: int = CALIBRATION_PROMPTS) -> list[str]:
     return out
 
 
-def select(table: dict[str, float], identical: dict[str, bool] | None = None) -> str:
-    """The fastest candidate of a calibration table (method -> tokens/s) whose ids equal ``ar``'s.
-
-    Ties go to the earlier entry (``ar`` first), so a method must be strictly faster to win.
-    """
+def select(table: dict[str, float], identical: dict[str, bool] | None = None) -> str | None:
+    """The fastest entry of a calibration table (label -> tokens/s) whose ids equal the
+    reference's; None when none is usable. Ties go to the earlier entry (the reference first),
+    so a speculative configuration must be strictly faster to win."""
     identical = identical or {}
     best = None
-    for method, speed in table.items():
-        if not identical.get(method, True) or speed <= 0:
+    for label, speed in table.items():
+        if not identical.get(label, True) or speed <= 0:
             continue
         if best is None or speed > table[best]:
-            best = method
-    return best or "ar"
+            best = label
+    return best
 
 
-def _artefacts(target: LoadedModel) -> list:
+def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], prompts: Sequence[str],
+            reference: str | None = "ar", max_new_tokens: int = CALIBRATION_TOKENS,
+            rounds: Sequence[tuple[int, int | None]] = ROUNDS,
+            clock: Callable[[], float] = time.perf_counter) -> Calibration:
+    """Calibrate ``cands`` greedily on ``prompts`` by successive halving over ``rounds``.
+
+    ``make(candidate)`` builds a generator on the already loaded model (switching its kernels in
+    place). A candidate that fails to build or run (:class:`SelfspecError`) is left out with a
+    note. With ``reference`` (a method name), every other candidate's ids must equal the
+    reference method's on the same kernels and prompt (the reference is built for a kernels
+    backend it is no candidate on, untimed); otherwise it is disqualified. ``clock`` times the
+    runs (injected in tests)."""
+    by_label = {c.label: c for c in cands}
+    cal = Calibration()
+    gens: dict[str, Decoder] = {}
+    tokens = dict.fromkeys(by_label, 0)
+    seconds = dict.fromkeys(by_label, 0.0)
+    refs: dict[tuple[str, int], list[int]] = {}
+    ref_gens: dict[str, Decoder | None] = {}
+
+    def is_reference(c: Candidate) -> bool:
+        return c.method == reference and not c.options
+
+    def reference_ids(kernels: str, i: int) -> list[int] | None:
+        if (kernels, i) not in refs:
+            if kernels not in ref_gens:
+                ref = Candidate(str(reference), {}, kernels)
+                try:
+                    ref_gens[kernels] = gens.get(ref.label) or make(ref)
+                except SelfspecError as e:
+                    log.warning("auto: the reference %s could not run (%s)", ref.label, e)
+                    ref_gens[kernels] = None
+            g = ref_gens[kernels]
+            if g is None:
+                return None
+            refs[(kernels, i)] = list(g.generate(prompts[i], max_new_tokens=max_new_tokens).token_ids)
+        return refs[(kernels, i)]
+
+    def run(label: str, i: int) -> None:
+        c = by_label[label]
+        t0 = clock()
+        r = gens[label].generate(prompts[i], max_new_tokens=max_new_tokens)
+        seconds[label] += clock() - t0
+        tokens[label] += r.new_tokens
+        ids = list(r.token_ids)
+        if reference is None:
+            return
+        if is_reference(c):
+            refs.setdefault((c.kernels, i), ids)
+        elif reference_ids(c.kernels, i) != ids:
+            cal.identical[label] = False
+
+    def speed(label: str) -> float:
+        return tokens[label] / seconds[label] if seconds[label] > 0 else 0.0
+
+    def ok(label: str) -> bool:
+        return label not in cal.errors and cal.identical.get(label, True)
+
+    alive: list[str] = []
+    start = 0
+    for r_index, (n_prompts, keep) in enumerate(rounds):
+        idx = range(start, min(start + n_prompts, len(prompts)))
+        start += n_prompts
+        if r_index == 0:  # every candidate: built, warmed up, then decodes the pruning prompts
+            for label, c in by_label.items():
+                try:
+                    gens[label] = make(c)
+                    gens[label].generate(prompts[0], max_new_tokens=WARMUP_TOKENS)  # one-off costs are not speed
+                    for i in idx:
+                        run(label, i)
+                except SelfspecError as e:
+                    cal.errors[label] = str(e)
+                    continue
+                cal.reached[label] = 0
+                log.info("auto: %s %.1f tok/s", label, speed(label))
+            alive = [label for label in by_label if ok(label)]
+            continue
+        if len(alive) <= 1 or not idx:
+            break
+        keep_n = len(alive) if keep is None else keep
+        kept = set(sorted(alive, key=lambda lab: -speed(lab))[:keep_n])
+        # the reference first on each prompt, so its timed run also gives the others' reference ids
+        alive = sorted((lab for lab in alive if lab in kept), key=lambda lab: not is_reference(by_label[lab]))
+        for i in idx:  # interleaved, so a change of machine load hits every finalist alike
+            for label in alive:
+                try:
+                    run(label, i)
+                except SelfspecError as e:
+                    cal.errors[label] = str(e)
+        alive = [label for label in alive if ok(label)]
+        for label in alive:
+            cal.reached[label] = r_index
+        log.info("auto: round %d: %s", r_index, ", ".join(f"{lab} {speed(lab):.1f}" for lab in alive))
+    for label in by_label:
+        if label in cal.errors:
+            log.warning("auto: %s left out (%s)", label, cal.errors[label])
+        elif not cal.identical.get(label, True):
+            log.warning("auto: %s left out: its greedy ids differ from %s's on the same kernels; please report this",
+                        label, reference)
+        elif label in cal.reached:
+            cal.speeds[label] = speed(label)
+    cal.reached = {label: r for label, r in cal.reached.items() if label in cal.speeds}
+    return cal
+
+
+def _artefacts(target: LoadedModel, cands: Sequence[Candidate]) -> list:
     """Size and modification time of every file the candidates' drafts are built from (shipped
     and user heads, skip configs, draft vocabulary rankings): a new head or config, installed or
     trained, invalidates the cached choice."""
@@ -145,7 +302,7 @@ def _artefacts(target: LoadedModel) -> list:
     data = Path(str(resources.files("selfspec"))) / "data"
     paths = [data / "skip_configs" / f"{key}.json", data / "draft_vocab" / f"{key}.json",
              selfspec_home() / "skip_configs" / f"{key}.json", selfspec_home() / "draft_vocab" / f"{key}.json"]
-    for method in ("eagle2", "hass"):
+    for method in dict.fromkeys(c.method for c in cands):  # head directories exist for head methods only
         for d in (shipped_head_dir(target.name, method), default_head_dir(target.name, method)):
             if d is not None:
                 paths += [d / "model.safetensors", d / "selfspec_head.json"]
@@ -159,112 +316,84 @@ def _artefacts(target: LoadedModel) -> list:
     return out
 
 
-def _cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
-    sig = hashlib.sha256(json.dumps([[[c.method, c.options] for c in cands], _artefacts(target)],
-                                    sort_keys=True).encode()).hexdigest()
-    return profile_key(target.model, target.name, target.backend) + f"|method-auto|{sig[:12]}"
+def cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
+    """Model, dtype, device, machine (CPU, threads, torch), candidate list and draft artefacts."""
+    sig = hashlib.sha256(json.dumps([[[c.method, c.options, c.kernels, c.precision] for c in cands],
+                                     _artefacts(target, cands), CALIBRATION_PROMPTS, CALIBRATION_TOKENS,
+                                     list(ROUNDS)], sort_keys=True).encode()).hexdigest()
+    return profile_key(target.model, target.name, "auto") + f"|{CACHE_FORMAT}|{sig[:12]}"
 
 
-def _cache_path(target: LoadedModel, cands: Sequence[Candidate]) -> Path:
-    return profile_path(_cache_key(target, cands))
+def cache_path(target: LoadedModel, cands: Sequence[Candidate]) -> Path:
+    return profile_path(cache_key(target, cands))
 
 
 def read_cache(path: Path, cands: Sequence[Candidate]) -> Choice | None:
     """The cached choice, or None when missing, corrupt or naming no current candidate."""
+    by_label = {c.label: c for c in cands}
     try:
         d = json.loads(path.read_text())
-        method, options, table = d["method"], d["options"], d["table"]
-        if not isinstance(options, dict) or not isinstance(table, dict):
+        label, table, pruned, busy = d["choice"], d["table"], d["pruned"], d["busy"]
+        if label not in by_label or not isinstance(busy, bool):
             return None
-        if not any(c.method == method and c.options == options for c in cands):
-            return None
-        return Choice(method, options, {str(k): float(v) for k, v in table.items()}, cached=True)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return Choice(by_label[label], {str(k): float(v) for k, v in table.items()},
+                      {str(k): float(v) for k, v in pruned.items()}, cached=True, busy=busy)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
-def measure(make: Callable[[Candidate], object], cands: Sequence[Candidate], prompts: Sequence[str],
-            max_new_tokens: int = CALIBRATION_TOKENS, finalists: int = FINALISTS,
-            log: Callable[[str], None] | None = None) -> tuple[dict[str, float], dict[str, bool]]:
-    """Calibrate ``cands`` (``ar`` first) greedily on ``prompts``; returns (tokens/s, identical to ar).
+def machine_busy() -> bool:
+    """Whether other processes keep this machine busy right now (by the load average)."""
+    return LoadMonitor().start().stop().contended
 
-    ``make(candidate)`` builds a generator (``selfspec.load`` on the already loaded model). A
-    candidate that fails to build or run is dropped with a note, never chosen.
+
+def choose(target: LoadedModel, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
+           reference: str | None = "ar", remeasure: bool = False, prompts: Sequence[str] | None = None,
+           clock: Callable[[], float] = time.perf_counter, monitor: Callable[[], LoadMonitor] = LoadMonitor,
+           busy_now: Callable[[], bool] = machine_busy) -> Choice:
+    """The fastest candidate for ``target`` here: cached, else measured (and cached).
+
+    Args:
+        make: builds a candidate's generator on ``target`` (see :func:`measure`).
+        cands: the configurations to choose from (:func:`candidates`, or one method on several
+            kernels); a single one is returned without measuring.
+        reference: the method every other candidate's ids must equal on the same kernels (None
+            where the method is fixed and only kernels are chosen).
+        remeasure: measure even if a choice is cached.
+        prompts: calibration prompts (default :func:`calibration_prompts`).
+        clock, monitor, busy_now: the timer, the load monitor of the calibration, and whether
+            the machine is busy now (a cached choice measured while busy is redone when quiet).
     """
-    from .errors import SelfspecError
-
-    half = max(1, len(prompts) // 2)
-    gens: dict[str, object] = {}
-    results: dict[str, Measurement] = {}
-    ref: dict[int, list[int]] = {}
-
-    def run(c: Candidate, i: int, m: Measurement) -> None:
-        t0 = time.perf_counter()
-        r = gens[c.method].generate(prompts[i], max_new_tokens=max_new_tokens)
-        m.seconds.append(time.perf_counter() - t0)
-        m.tokens.append(r.new_tokens)
-        if c.method == "ar":
-            ref[i] = list(r.token_ids)
-        elif i in ref and list(r.token_ids) != ref[i]:
-            results[c.method].identical = False
-
-    for c in cands:
-        results[c.method] = Measurement()
-        try:
-            gens[c.method] = make(c)
-            gens[c.method].generate(prompts[0], max_new_tokens=4)  # warm-up: one-off costs are not speed
-            for i in range(half):
-                run(c, i, results[c.method])
-        except SelfspecError as e:
-            results[c.method] = Measurement(error=str(e))
-            continue
-        if log:  # the round that picks the finalists; the choice is made on the other prompts
-            log(f"{c.method} {results[c.method].tokens_per_s:.1f} tok/s on the first {half} prompt(s)")
-    ok = [c for c in cands if not results[c.method].error and results[c.method].identical]
-    ranked = sorted((c for c in ok if c.method != "ar"), key=lambda c: -results[c.method].tokens_per_s)
-    final = [c for c in ok if c.method == "ar"] + ranked[:finalists]
-    second = {c.method: Measurement() for c in final}
-    for i in range(half, len(prompts)):  # finalists interleaved, so machine load hits all alike
-        for c in final:
-            run(c, i, second[c.method])
-    table = {c.method: second[c.method].tokens_per_s for c in final}
-    identical = {label: m.identical for label, m in results.items() if not m.error}
-    for c in cands:
-        m = results[c.method]
-        if m.error:
-            print(f"selfspec: auto: {c.method} left out ({m.error})", file=sys.stderr)
-        elif not m.identical:
-            print(f"selfspec: auto: {c.method} left out: its greedy ids differ from ar's; please report this",
-                  file=sys.stderr)
-    return table, identical
-
-
-def choose(target: LoadedModel, make: Callable[[Candidate], object], draft_model: str | None = None,
-           remeasure: bool = False, progress: bool = True) -> Choice:
-    """The fastest lossless candidate for ``target`` here: cached, else measured (and cached)."""
-    cands = candidates(target, draft_model)
-    path = _cache_path(target, cands)
+    if not cands:
+        raise SelfspecError("auto has no candidate configuration to choose from")
+    if len(cands) == 1:
+        return Choice(cands[0])
+    key = cache_key(target, cands)
     if not remeasure:
-        cached = read_cache(path, cands)
-        if cached is not None:
+        cached = read_cache(profile_path(key), cands)
+        if cached is not None and not (cached.busy and not busy_now()):
             return cached
-    prompts = calibration_prompts()
-    names = ", ".join(c.method for c in cands)
-    log = (lambda s: print(f"selfspec: auto: {s}", file=sys.stderr)) if progress else None
-    if progress:
-        print(f"selfspec: auto: measuring {names} on {len(prompts)} calibration prompts for {target.name} on "
-              f"{target.backend} kernels (once; --remeasure redoes it) ...", file=sys.stderr)
-    t0 = time.perf_counter()
-    table, identical = measure(make, cands, prompts, log=log)
-    method = select(table, identical)
-    options = next(c.options for c in cands if c.method == method)
-    if progress:
-        ranked = sorted(table.items(), key=lambda kv: -kv[1])
-        rest = len(prompts) - max(1, len(prompts) // 2)
-        print(f"selfspec: auto: chose {method} (" + ", ".join(f"{k} {v:.1f}" for k, v in ranked)
-              + f" tok/s on the other {rest} prompt(s), finalists interleaved; {time.perf_counter() - t0:.0f} s)",
-              file=sys.stderr)
-    save_cache(_cache_key(target, cands), {"method": method, "options": options, "table": table,
-                                           "candidates": [c.method for c in cands], "prompts": len(prompts),
-                                           "max_new_tokens": CALIBRATION_TOKENS}, "auto choice")
-    return Choice(method, options, table)
+        if cached is not None:
+            log.info("auto: the cached choice was measured while the machine was busy; it is quiet now: measuring "
+                     "again")
+    prompts = list(prompts) if prompts is not None else calibration_prompts()
+    kernels = ", ".join(dict.fromkeys(c.kernels for c in cands))
+    log.info("auto: measuring %d configurations (%s on %s kernels) on %d calibration prompts for %s (once; "
+             "--remeasure redoes it) ...", len(cands), ", ".join(dict.fromkeys(c.method for c in cands)), kernels,
+             len(prompts), target.name)
+    t0 = clock()
+    mon = monitor().start()
+    cal = measure(make, cands, prompts, reference, clock=clock)
+    mon.stop()
+    table = cal.finalists()
+    label = select(table, cal.identical)
+    if label is None:
+        raise SelfspecError("auto: no candidate configuration ran here (see the notes above)")
+    choice = Choice(next(c for c in cands if c.label == label), table, cal.pruned(), busy=mon.contended)
+    ranked = sorted(table.items(), key=lambda kv: -kv[1])
+    log.info("auto: chose %s (%s tok/s; %.0f s%s)", label, ", ".join(f"{k} {v:.1f}" for k, v in ranked),
+             clock() - t0, "; the machine was busy: measured again on a quiet start" if choice.busy else "")
+    save_cache(key, {"format": CACHE_FORMAT, "choice": label, "table": table, "pruned": choice.pruned,
+                     "busy": choice.busy, "load": mon.summary(), "candidates": [c.label for c in cands],
+                     "prompts": len(prompts), "max_new_tokens": CALIBRATION_TOKENS}, "auto choice")
+    return choice

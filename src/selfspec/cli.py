@@ -96,14 +96,16 @@ def _add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool 
     if method:
         p.add_argument("--method", default=AUTO, help=f"decoding method: {_method_names()} (default {AUTO})")
         p.add_argument("--remeasure", action="store_true",
-                       help=f"--method {AUTO}: calibrate again instead of using the cached choice")
+                       help=f"with --method {AUTO} or --kernels auto: calibrate again instead of using the cached "
+                            "choice")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto (CUDA if available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (float32 gives exact greedy equality; default float32)")
     p.add_argument("--kernels", default=os.environ.get("SELFSPEC_KERNELS") or "auto", type=_kernels_arg(many),
-                   help="linear-layer backend: auto (default, or $SELFSPEC_KERNELS: the fastest fp32 backend here, "
-                        "measured once and cached), stock (PyTorch's kernels), onednn (fp32 prepacked, CPU) or "
-                        "int8 (QUANTISED model: lossless w.r.t. the int8 model, not the fp32 one)"
+                   help="linear-layer backend: auto (default, or $SELFSPEC_KERNELS: the fp32 backend that decodes "
+                        "fastest here, chosen with the method, measured once and cached), stock (PyTorch's "
+                        "kernels), onednn (fp32 prepacked, CPU) or int8 (QUANTISED model: lossless w.r.t. the "
+                        "int8 model, not the fp32 one)"
                         + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     p.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)
@@ -157,8 +159,9 @@ def _setup(args: argparse.Namespace) -> None:
         raise SelfspecError("--show-accepted colours streamed text and --json prints one object: drop one of them")
     if getattr(args, "method", None):
         method_config(args.method, method_options(args, args.method))
-    if getattr(args, "remeasure", False) and getattr(args, "method", None) not in (None, AUTO):
-        raise SelfspecError(f"--remeasure applies to --method {AUTO} only")
+    if getattr(args, "remeasure", False) and getattr(args, "method", None) not in (None, AUTO) \
+            and getattr(args, "kernels", None) != "auto":
+        raise SelfspecError(f"--remeasure applies where something is chosen: --method {AUTO} or --kernels auto")
     _check_device(args)
 
     if args.threads:
@@ -180,7 +183,8 @@ def _load(args: argparse.Namespace, method: str | None = None, model=None):
     from .registry import AUTO, BASELINE
 
     opts = method_options(args, method) if method else {}
-    extra = {"remeasure": args.remeasure} if method == AUTO and getattr(args, "remeasure", False) else {}
+    chooses = method == AUTO or (method is not None and model is None and args.kernels == "auto")
+    extra = {"remeasure": True} if chooses and getattr(args, "remeasure", False) else {}
     return load(model=model or args.model, method=method or BASELINE, device=args.device, dtype=args.dtype,
                 trust_remote_code=args.trust_remote_code, kernels=None if model else args.kernels,
                 **extra, **opts)
@@ -199,7 +203,11 @@ def kernels_label(kernels: str, device: str = "cpu") -> str:
 def _stats_line(r) -> str:
     seed = getattr(r, "seed", None)  # sampled: the seed that reproduces the text (--seed N)
     sampled = f"; seed {seed} ({getattr(r, 'sampling', 'coupled')} sampling)" if seed is not None else ""
-    return (f"[{r.method}{'' if r.lossless else ' NOT LOSSLESS'}, {kernels_label(r.kernels)} kernels] "
+    from .autoselect import AUTO_PREFIX
+
+    named = r.method.startswith(AUTO_PREFIX) and r.kernels != "int8"  # auto's label names the kernels
+    kernels = "" if named else f", {kernels_label(r.kernels)} kernels"
+    return (f"[{r.method}{'' if r.lossless else ' NOT LOSSLESS'}{kernels}] "
             f"{r.new_tokens} tokens in {r.wall_s:.2f} s = "
             f"{r.tokens_per_s:.1f} tok/s; {r.steps} target forwards, tau {r.mean_accepted:.2f}{sampled}")
 
@@ -251,8 +259,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         import secrets
 
         kw["seed"] = secrets.randbits(31)
-    ar = _load(args)  # the baseline
-    spec = _load(args, args.method, model=ar.target)
+    spec = _load(args, args.method)  # auto: chooses method and kernels; ar then runs on the same kernels
+    ar = _load(args, model=spec.target)  # the baseline
     target = ar.target
     ids = encode_prompt(target.tokenizer, prompt, kw["chat"], target.model.config.vocab_size)
 
@@ -588,9 +596,29 @@ def _resume_hint(args: argparse.Namespace | None) -> str:
     return ""
 
 
+def _show_auto_progress() -> None:
+    """The library logs what ``auto`` measures and chooses (``selfspec.auto``); the CLI prints it
+    on whatever ``sys.stderr`` is when the message comes (tests replace it)."""
+    import logging
+
+    class Stderr(logging.StreamHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            self.stream = sys.stderr
+            super().emit(record)
+
+    logger = logging.getLogger("selfspec.auto")
+    if not logger.handlers:
+        handler = Stderr()
+        handler.setFormatter(logging.Formatter("selfspec: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = None
+    _show_auto_progress()
     try:  # Ctrl-C at any time, the imports of building the parser and loading a model included
         args = build_parser().parse_args(argv)
         args.command_line = ["selfspec", *(sys.argv[1:] if argv is None else argv)]  # recorded by bench

@@ -124,6 +124,19 @@ def test_auto_is_named_as_it_ran(tiny_dir, dataset, tmp_path):
     assert {r["method"] for r in records} == {"ar", auto[0]}
 
 
+def test_auto_kernels_are_chosen_as_generate_chooses_them(tiny_dir, dataset, tmp_path):
+    """``--kernels auto``: auto's whole configuration and each method's kernels are chosen by decode
+    speed (not a kernels proxy first), and every entry is compared with ar on its own kernels."""
+    out = tmp_path / "joint"
+    assert main(["bench", "--model", str(tiny_dir), "--methods", "ar,auto,pld", "--kernels", "auto", "--dataset",
+                 str(dataset), "--max-new-tokens", "10", "--out", str(out)]) == 0
+    s = json.loads((out / "report.json").read_text())["summary"]
+    auto = next(k for k in s if k.startswith("auto→"))
+    kernels = auto.split("@")[1].split(",")[0]
+    assert s[auto]["baseline"] == ("ar" if kernels == "stock" else f"ar@{kernels}")
+    assert all(v["identical"] == "3/3" for k, v in s.items() if k != "hf")
+
+
 def test_contended_runs_are_recorded_and_flagged(tiny_dir, dataset, tmp_path, monkeypatch, capsys):
     from selfspec.core.cost import LoadMonitor
 

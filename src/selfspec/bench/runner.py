@@ -162,8 +162,11 @@ def parse_method(entry: str) -> tuple[str, dict]:
 
 
 def entry_name(method: str, backend: str) -> str:
-    """Name of a method run on a kernels backend in reports: ``pld`` on stock, ``pld@int8`` else."""
-    return method if backend == "stock" else f"{method}@{backend}"
+    """Name of a method run on a kernels backend in reports: ``pld`` on stock, ``pld@int8`` else; a
+    configuration ``auto`` chose names its kernels itself (``auto→self-spec@stock, draft int8``)."""
+    from ..autoselect import AUTO_PREFIX
+
+    return method if backend == "stock" or method.startswith(AUTO_PREFIX) else f"{method}@{backend}"
 
 
 def _record_key(r: dict) -> tuple:
@@ -269,18 +272,27 @@ def run_bench(args: BenchOptions) -> int:
     backend_of: dict[str, str] = {}
     options_of: dict[str, dict] = {}  # the options each generator was loaded with
     target = load_model(args.model, args.device, args.dtype, args.trust_remote_code)
-    for i, b in enumerate(backends):
-        b = target.use_kernels(b, keep=True)  # resolves auto
-        backends[i] = b
+    for b in backends:
+        chosen = b == "auto"  # as `selfspec generate` chooses: each method's kernels, auto's whole configuration
+        if not chosen:
+            target.use_kernels(b, keep=True)
         for j, m in enumerate(methods):
             base_method, extra = parse_method(m)
             opts = {} if base_method == "ar" else args.method_flags.get(base_method, {})
-            g = load(model=target, method=base_method, self_test=j == 0, **{**opts, **extra})
-            name = entry_name(g.method if base_method == "auto" else m, b)  # auto: named as it ran, auto→pld
+            g = load(model=target, method=base_method, self_test=j == 0, kernels="auto" if chosen else None,
+                     **{**opts, **extra})
+            # auto: named as it ran (auto→pld@stock); a method on chosen kernels: pld@onednn
+            name = entry_name(g.method if base_method == "auto" else m, g.kernels)
             generators[name] = g
-            backend_of[name] = b
+            backend_of[name] = g.kernels
             options_of[name] = {**opts, **extra}
-    backends = list(dict.fromkeys(backends))
+    backends = list(dict.fromkeys(backend_of.values()))
+    for b in backends:  # every entry's baseline: ar on its kernels
+        if entry_name("ar", b) not in generators:
+            target.use_kernels(b, keep=True)
+            generators[entry_name("ar", b)] = load(model=target, method="ar", self_test=False)
+            backend_of[entry_name("ar", b)] = b
+            options_of[entry_name("ar", b)] = {}
     target.use_kernels("stock", keep=True)
     draft_model = None
     if "hf-assisted" in peers:  # reuse a method's copy of --draft-model where one runs on stock kernels

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
-from .spec import BuildContext, MethodSpec
+from .spec import ALWAYS, BuildContext, MethodSpec
 
 if TYPE_CHECKING:
     from ..decoding.state import DecodeState, VerifyOutput
@@ -47,7 +47,8 @@ def build_ar(spec: MethodSpec, target, cfg: NoOptions, ctx: BuildContext) -> Nul
     return NullDrafter()
 
 
-AR = MethodSpec("ar", NoOptions, build_ar, True, "plain autoregressive decoding on the same loop (the baseline)")
+AR = MethodSpec("ar", NoOptions, build_ar, True, "plain autoregressive decoding on the same loop (the baseline)",
+               auto=ALWAYS)
 
 
 def _request_state_attrs(drafter) -> list[str]:

@@ -21,7 +21,7 @@ from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import ChainBudget
-from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
+from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
 @dataclass(frozen=True)
@@ -174,5 +174,10 @@ def build(spec: MethodSpec, target, cfg: DraftModelConfig, ctx: BuildContext) ->
                              cfg.min_confidence if cfg.auto_k else 0.0)
 
 
+def _named_draft(name: str, target, ctx: AutoContext) -> dict | None:
+    return {"draft_model": ctx.draft_model} if ctx.draft_model else None
+
+
 SPEC = MethodSpec("draft-model", DraftModelConfig, build, True,
-                  "a smaller model with the same tokenizer drafts (--draft-model)")
+                  "a smaller model with the same tokenizer drafts (--draft-model)",
+                  auto=AutoCandidacy(_named_draft))  # a candidate where the user names a draft

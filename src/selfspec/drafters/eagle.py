@@ -46,7 +46,7 @@ from ..errors import SelfspecError
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, target_features
 from .budget import PLAIN_RATE, Backoff, ConfidenceCalibration, best_rate
-from .spec import BuildContext, MethodSpec, check_numbers, need, option
+from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
 
 
@@ -406,7 +406,15 @@ def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> Eagl
                         draft_lm_head(target, head, cfg.draft_vocab))
 
 
+def _head_installed(name: str, target, ctx: AutoContext) -> dict | None:
+    from ..heads import find_head_dir
+
+    return {} if find_head_dir(target.name, name) is not None else None
+
+
+WITH_HEAD = AutoCandidacy(_head_installed)  # an auto candidate where a head is installed or shipped
 EAGLE2 = MethodSpec("eagle2", EagleConfig, build, True,
-                    "EAGLE-2: a one-layer draft head (EAGLE-trained) expands a dynamic draft tree (--head)")
+                    "EAGLE-2: a one-layer draft head (EAGLE-trained) expands a dynamic draft tree (--head)",
+                    auto=WITH_HEAD)
 HASS = MethodSpec("hass", EagleConfig, build, True,
-                  "HASS: EAGLE-2 trees from a head trained with harmonized objectives (--head)")
+                  "HASS: EAGLE-2 trees from a head trained with harmonized objectives (--head)", auto=WITH_HEAD)

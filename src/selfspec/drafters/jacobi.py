@@ -24,7 +24,7 @@ from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import ChainBudget
-from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
+from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
 @dataclass(frozen=True)
@@ -86,4 +86,4 @@ def build(spec: MethodSpec, target, cfg: JacobiConfig, ctx: BuildContext) -> Jac
 
 SPEC = MethodSpec("jacobi", JacobiConfig, build, True,
                   "Jacobi decoding: the model refines m guesses in parallel (ahead noise in free slots); best on an "
-                  "MSN fine-tune")
+                  "MSN fine-tune", auto=ALWAYS)

@@ -38,7 +38,7 @@ from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import FIRST_PROBE, MAX_PROBE, RATE_DECAY, DecayedRates, ProbeSchedule, best_rate, expected_tokens
-from .spec import BuildContext, MethodSpec, check_numbers, need, option
+from .spec import ALWAYS, BuildContext, MethodSpec, check_numbers, need, option
 
 TOP_K = 10  # alternatives per depth (ranks 0..9)
 RETRIEVAL = TOP_K  # the retrieval column's rank
@@ -255,4 +255,4 @@ def build(spec: MethodSpec, target, cfg: MsnConfig, ctx: BuildContext) -> MsnDra
 
 SPEC = MethodSpec("msn", MsnConfig, build, True,
                   "MSN's TR-Jacobi: a tree of last step's top-k predictions plus a prompt-lookup chain, verified in "
-                  "one forward; best on an MSN fine-tune (selfspec train msn)")
+                  "one forward; best on an MSN fine-tune (selfspec train msn)", auto=ALWAYS)

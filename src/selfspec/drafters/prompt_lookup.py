@@ -12,7 +12,7 @@ from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import ChainBudget
-from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
+from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
 @dataclass(frozen=True)
@@ -76,4 +76,5 @@ def build(spec: MethodSpec, target, cfg: PromptLookupConfig, ctx: BuildContext) 
     return PromptLookupDrafter(cfg, chain_budget(target, cfg.auto_k, cfg.k))
 
 
-SPEC = MethodSpec("pld", PromptLookupConfig, build, True, "prompt lookup: drafts copied from earlier text")
+SPEC = MethodSpec("pld", PromptLookupConfig, build, True, "prompt lookup: drafts copied from earlier text",
+                  auto=ALWAYS)

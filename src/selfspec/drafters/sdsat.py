@@ -38,7 +38,7 @@ from ..decoding.protocol import Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import PositionalAcceptance
-from .spec import BuildContext, MethodSpec, check_numbers, finetuned_ids, need, option
+from .spec import IF_FINE_TUNED, BuildContext, MethodSpec, check_numbers, finetuned_ids, need, option
 
 PAPER_TREE = "4;3,2,2,1;3,2,2,1;3,2;3"  # children per parent by depth: the paper's depth-5 tree (28 nodes)
 
@@ -267,7 +267,7 @@ def build(spec: MethodSpec, target, cfg: SdsatConfig, ctx: BuildContext) -> Sdsa
 
 SDSAT = MethodSpec("sdsat", SdsatConfig, build, True,
                    "SDSAT: a fine-tuned model drafts k tokens from k appended adaptive tokens, then verifies them "
-                   "(two-step loop; sampling: the paper's tree with lossless acceptance)")
+                   "(two-step loop; sampling: the paper's tree with lossless acceptance)", auto=IF_FINE_TUNED)
 SDSAT_LOSSY = MethodSpec("sdsat-lossy", SdsatConfig, build, False,
                          "NOT LOSSLESS when sampling: SDSAT with the paper's sample-and-match verifier (greedy is "
                          "still exact); for reproducing the paper")

@@ -42,7 +42,7 @@ from ..models.adapter import build_mask
 from ..models.skipping import SkipSet, skip_sublayers
 from .budget import ChainBudget
 from .skip_config import GammaSettings, find
-from .spec import BuildContext, MethodSpec, chain_budget, check_numbers, need, option
+from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
 
 DRAFT_EXITS = ("cost", "gamma")
@@ -359,5 +359,13 @@ def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> S
                            source, lm_head, switch)
 
 
+def _has_skip_config(name: str, target, ctx: AutoContext) -> dict | None:
+    try:
+        return {} if find(target.name, target.model, "") is not None else None
+    except SelfspecError:  # a config for another architecture: not a candidate
+        return None
+
+
 SPEC = MethodSpec("self-spec", SelfSpecConfig, build, True,
-                  "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)")
+                  "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)",
+                  auto=AutoCandidacy(_has_skip_config, "draft_kernels", DRAFT_KERNELS))

@@ -37,7 +37,7 @@ from ..core.tree import DraftTree
 from ..decoding.protocol import Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import PLAIN_RATE, PositionalAcceptance
-from .spec import BuildContext, MethodSpec, check_numbers, finetuned_ids, need, option
+from .spec import IF_FINE_TUNED, BuildContext, MethodSpec, check_numbers, finetuned_ids, need, option
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def build(spec: MethodSpec, target, cfg: SpaceConfig, ctx: BuildContext) -> Spac
 
 SPACE = MethodSpec("space", SpaceConfig, build, True,
                    "SPACE: a fine-tuned model drafts k tokens from k [MASK] tokens and verifies the last step's "
-                   "drafts in the same forward (sampling: lossless residual rule)")
+                   "drafts in the same forward (sampling: lossless residual rule)", auto=IF_FINE_TUNED)
 SPACE_LOSSY = MethodSpec("space-lossy", SpaceConfig, build, False,
                          "NOT LOSSLESS when sampling: SPACE with the paper's rule (next token from the target after "
                          "a rejection, not the residual; greedy is still exact); for reproducing the paper")

@@ -44,6 +44,52 @@ class BuildContext:
 
 
 @dataclass(frozen=True)
+class AutoContext:
+    """What else decides whether a method is an ``auto`` candidate: the draft model the user named."""
+
+    draft_model: str | None = None
+
+
+@dataclass(frozen=True)
+class AutoCandidacy:
+    """Whether and how a method takes part in ``auto`` (:mod:`selfspec.autoselect`).
+
+    Attributes:
+        options: ``options(name, target, ctx)`` -> the options (``selfspec.load`` keywords) it runs
+            with as a candidate, ``{}`` for its defaults, or None where it cannot run without
+            further downloads or training (no head, no skip config, no fine-tune).
+        precision_option: the option that sets its draft precision (e.g. ``draft_kernels``), or
+            ``""`` where it has none; ``auto`` then also chooses among ``precisions``.
+        precisions: the values of ``precision_option`` that ``auto`` tries (drafts need not be
+            exact: verification stays on the verify kernels, so output is unchanged).
+    """
+
+    options: Callable[[str, LoadedModel, AutoContext], dict | None]
+    precision_option: str = ""
+    precisions: tuple[str, ...] = ()
+
+
+def _always(name: str, target: LoadedModel, ctx: AutoContext) -> dict:
+    return {}
+
+
+ALWAYS = AutoCandidacy(_always)  # runs on any model with nothing installed
+
+
+def _fine_tuned(name: str, target: LoadedModel, ctx: AutoContext) -> dict | None:
+    from ..models.finetuned import read_meta
+
+    try:
+        meta = read_meta(target.path)
+    except (OSError, ValueError):  # unreadable metadata: not a candidate
+        return None
+    return {} if meta is not None and meta.get("method") == name else None
+
+
+IF_FINE_TUNED = AutoCandidacy(_fine_tuned)  # runs where the model was fine-tuned for this method
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One decoding method: the single source of its name, options, builder and losslessness.
 
@@ -55,6 +101,7 @@ class MethodSpec:
         lossless: whether the method's output distribution is the target's (greedy is exact for
             every method).
         help: one line for ``--method`` help and the docs.
+        auto: whether and how ``auto`` tries it (None: never, e.g. a lossy method).
     """
 
     name: str
@@ -62,6 +109,7 @@ class MethodSpec:
     make: Callable[[MethodSpec, LoadedModel, Any, BuildContext], Drafter]
     lossless: bool
     help: str
+    auto: AutoCandidacy | None = None
 
     def build(self, target: LoadedModel, cfg: object, ctx: BuildContext) -> Drafter:
         """The drafter of this method for ``target`` with options ``cfg``."""

@@ -1,4 +1,9 @@
-"""``--kernels auto``: pick the fastest fp32 backend for this model on this machine.
+"""``--kernels auto`` where no decoding method is at hand: the fastest fp32 backend by a proxy.
+
+``selfspec.load`` does not use this: it chooses kernels together with the method by decode
+tokens/s (:mod:`selfspec.autoselect`), because the proxy below was wrong on an Intel AMX Xeon
+(oneDNN won T(1) + T(4) while stock kernels decoded faster). What remains here serves the commands
+that load a model without a method (``selfspec tune``, ``profile``):
 
 Quick measurement (``core.cost.measure`` of q = 1 and 4 only, 128-token cache, the candidates
 interleaved over 3 rounds), cached next to the cost profiles so it happens once per model,
@@ -17,12 +22,16 @@ from torch import nn
 from ..core.cost import measure, profile_key, profile_path, save_cache
 from .backends import use_backend
 from .onednn import available as onednn_available
+from .swap import current_backend
 
 ROUNDS = 3
 
 
 def candidates(model: nn.Module) -> list[str]:
-    """The fp32 (lossless) backends that can run this model here."""
+    """The fp32 (lossless) backends that can run this model here (only its current one where its
+    fp32 weights were released)."""
+    if model.__dict__.get("_selfspec_released"):
+        return [current_backend(model)]
     p = next(model.parameters())
     out = ["stock"]
     if onednn_available(p.device, p.dtype) is None:
