@@ -14,7 +14,7 @@ from selfspec.core.cost import LoadMonitor
 def fake_samples(monkeypatch, *samples):
     """``_sample`` returns these (wall, own cpu s, (busy s, steal s) | None, load) in turn."""
     it = iter(samples)
-    monkeypatch.setattr(cost, "_sample", lambda cpus: next(it))
+    monkeypatch.setattr(cost, "_sample", lambda cpus, helpers=(): next(it))
 
 
 def monitor(monkeypatch, *samples, threads=2, cores=2):
@@ -90,3 +90,25 @@ def test_demo_flags_a_busy_machine(capsys, tiny_dir, monkeypatch):
                  "--max-new-tokens", "8", "--threads", "2", "w5 w6 w7 w8"])
     busy = [line for line in capsys.readouterr().err.splitlines() if "machine was busy" in line]
     assert code == 0 and len(busy) == 1 and busy[0].endswith("try --threads 1 (now 2)")
+
+
+def test_worker_processes_cpu_time_counts_as_ours():
+    """A bench peer decoding in a worker process (llama.cpp) is our work, not load: its CPU time
+    joins ours when its pid is given as a helper (a 2-thread worker made every llama.cpp run of a
+    quiet bench look contended)."""
+    import subprocess
+    import sys
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                               "while time.process_time() - t < 0.4: pass\nprint('done', flush=True)\n"
+                               "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "done"  # it has burnt 0.4 s of CPU and now sleeps
+        assert cost._process_cpu(worker.pid) >= 0.35
+        alone, with_worker = cost._sample(None)[1], cost._sample(None, (worker.pid,))[1]
+        assert with_worker - alone >= 0.35
+        assert LoadMonitor(helpers=(worker.pid,)).helpers == (worker.pid,)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert cost._process_cpu(worker.pid) == 0.0  # gone: unreadable counts nothing

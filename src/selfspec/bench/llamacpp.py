@@ -156,6 +156,11 @@ class LlamaCppPeer:
         tmp.replace(out)
         return out
 
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id while it runs (its CPU time is the bench's own, not load)."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self) -> PeerFailure | None:
         """Start the worker (after requantizing, for F32) and wait until it has loaded the GGUF;
         a failure to load is kept, and every later run of this peer reports it."""

@@ -358,7 +358,10 @@ def run_bench(args: BenchOptions) -> int:
                        "backend": backend_of.get(name, "stock"), "prompt_tokens": len(ids),
                        "temperature": args.temperature, "sampling": args.sampling,
                        "time": time.time(), **prov.record_fields()}
-                mon = LoadMonitor().start()
+                helpers: tuple[int, ...] = ()
+                if name in llama_peers and llama_peers[name].start() is None and llama_peers[name].pid:
+                    helpers = (llama_peers[name].pid,)  # the worker decodes for us: its CPU time is not load
+                mon = LoadMonitor(helpers=helpers).start()
                 if name in generators:
                     r = generators[name].generate(ids, **gen)
                     mon.stop()

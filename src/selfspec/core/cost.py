@@ -495,10 +495,22 @@ def _loadavg() -> float | None:
         return None
 
 
-def _sample(cpus: tuple[int, ...] | None) -> tuple[float, float, tuple[float, float] | None, float | None]:
-    """(wall, our process's CPU seconds, :func:`_cpu_stat`, 1-min load average) now."""
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of the live process ``pid`` from ``/proc``; 0 where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _sample(cpus: tuple[int, ...] | None, helpers: tuple[int, ...] = ()
+            ) -> tuple[float, float, tuple[float, float] | None, float | None]:
+    """(wall, CPU seconds of our process and its ``helpers`` (worker pids), :func:`_cpu_stat`,
+    1-min load average) now."""
     t = os.times()
-    return time.perf_counter(), t.user + t.system, _cpu_stat(cpus), _loadavg()
+    return (time.perf_counter(), t.user + t.system + sum(_process_cpu(p) for p in helpers), _cpu_stat(cpus),
+            _loadavg())
 
 
 class LoadMonitor:
@@ -512,7 +524,9 @@ class LoadMonitor:
     ``CONTENDED_LOAD_PER_CORE`` per core, before or after. Timings of a contended run are noisy.
     """
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, helpers: tuple[int, ...] = ()) -> None:
+        """``helpers``: pids of worker processes doing our timed work (their CPU time is ours)."""
+        self.helpers = tuple(helpers)
         try:
             self.cpus: tuple[int, ...] | None = tuple(sorted(os.sched_getaffinity(0)))
         except (AttributeError, OSError):
@@ -529,7 +543,7 @@ class LoadMonitor:
     def start(self) -> LoadMonitor:
         if self.threads is None:
             self.threads = torch.get_num_threads()
-        self._start = _sample(self.cpus)
+        self._start = _sample(self.cpus, self.helpers)
         self.load_before = self._start[3]
         return self
 
@@ -537,7 +551,7 @@ class LoadMonitor:
         if self._start is None:
             raise RuntimeError("LoadMonitor.stop before start")
         t0, own0, stat0, _ = self._start
-        t1, own1, stat1, self.load_after = _sample(self.cpus)
+        t1, own1, stat1, self.load_after = _sample(self.cpus, self.helpers)
         self.wall = max(t1 - t0, 0.0)
         if stat0 is not None and stat1 is not None and self.wall > 0:
             capacity = self.wall * self.cores
