@@ -116,8 +116,8 @@ def defaults_line(reports: list[dict]) -> str:
     """What a user gets with no flags, from the `scripts/bench_defaults.sh` runs (if present)."""
     out = []
     for rep in reports:
-        if not rep["dir"].name.startswith("defaults-"):
-            continue
+        if not rep["dir"].name.startswith("defaults-") or rep["dir"].name.startswith("defaults-smollm2"):
+            continue  # the default model's runs are the headline table
         meta, summ = rep["meta"], rep["summary"]
         env = meta["environment"]
         flags = f", {env['cpu_flags']}" if env.get("cpu_flags") else ""
@@ -225,13 +225,18 @@ def headline(reports: list[dict]) -> str:
         best = max(fixed, key=lambda n: summ[n]["tokens_per_s"], default=None)
         f32 = next((n for n in summ if n == "llama.cpp-f32"), None)
         repeats = meta.get("repeats", 1)
-        commit = env.get("git", "?")
+        commit = str(env.get("git", "?"))[:12]
         lines.append(
             f"| {fam} ({env.get('cpu_flags') or 'flags not recorded'}), {env['machine'].split('|')[1]} "
             f"| `{auto}` | {ratio_ci(rates, auto, 'hf')} | {ratio_ci(rates, auto, f32) if f32 else 'not measured'} "
             f"| {ratio_ci(rates, auto, ar)} | {ratio_ci(rates, auto, best) if best else '-'} (`{best}`) "
             f"| {summ[auto].get('identical', '-')} | {repeats} | `{commit}`, {rep['when'] or 'date not recorded'} "
             f"(`{rep['dir'].name}`) |")
+    missing = [f for f in ("AVX2", "AVX-512 VNNI", "AMX Intel Xeon") if f not in latest]
+    if missing:
+        lines.append("")
+        lines.append(f"No defaults run of {' or '.join(missing)} is in the tree yet: run "
+                     "`bash scripts/bench_defaults.sh` there and `bash scripts/readme_results.sh`.")
     return ("**What you get with no flags**, per CPU family met so far (`scripts/bench_defaults.sh`: the default "
             "model SmolLM2-135M-Instruct, 10 built-in chat prompts × 64 tokens, greedy; default kernels and method "
             "`auto`; every figure a ratio of tokens/s measured in the same process, mean over repeats with a 95% "
