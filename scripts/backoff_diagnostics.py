@@ -8,8 +8,7 @@ prompt by prompt: ``ar``, the method at its defaults, and the method forced to d
 * acceptance by depth and tau (tokens per drafted step);
 * the draft cost and the verify cost of a step, in units of an ``ar`` step measured in place;
 * the predicted speedup tau / (draft + verify) next to the measured one;
-* the tau that drafting would need to pay 1.0x and 1.2x at that cost, and how much the depth-1
-  acceptance would have to rise for it (the other depths scaled by the same factor);
+* the tau (tokens per step) that drafting would need to pay 1.0x and 1.2x at that cost;
 * for the defaults run: the share of steps that drafted (the back-off decisions) and the speedup.
 
 ``python scripts/backoff_diagnostics.py --prompts 6 --out docs/results/backoff-diagnostics`` writes
@@ -56,27 +55,24 @@ def decode_stats(results: list) -> dict:
             "acceptance_by_depth": acc}
 
 
-def needed(acc: list[float], tau_target: float) -> float | None:
-    """The factor f by which every depth's acceptance must grow (capped at 1) for the chain's
-    expected tokens 1 + sum_j prod_{i<=j} min(1, f a_i) to reach ``tau_target``; None if even
-    f that makes every depth 1 cannot."""
-    if not acc or 1 + len(acc) < tau_target:
-        return None
-
-    def tau(f: float) -> float:
-        total, prod = 1.0, 1.0
-        for a in acc:
-            prod *= min(1.0, f * a)
-            total += prod
-        return total
-
-    lo, hi = 0.0, 1.0 / max(1e-6, min(a for a in acc if a > 0) if any(a > 0 for a in acc) else 1e-6)
-    if tau(hi) < tau_target:
-        return None
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tau(mid) < tau_target else (lo, mid)
-    return hi
+def render(report: dict, max_new_tokens: int) -> list[str]:
+    """The markdown table of a report (``diagnostics.json``)."""
+    lines = [f"# Why the trained methods back off ({report['date']}, CPU flags {report['cpu_flags']})", "",
+             f"`{report['command']}`: {report['prompts']} held-out prompts (MT-bench + HumanEval) x "
+             f"{max_new_tokens} tokens, greedy, one process; costs in units of an `ar` step measured in place. "
+             "Forced: drafting every step (no back-off, a fixed draft size). Acceptance by depth: accepted / "
+             "verified nodes at that depth (trees verify several per depth).", "",
+             "| method | default: x ar | default: steps drafted | forced: x ar | forced: tau | acceptance by depth "
+             "| draft cost | verify cost | predicted x ar | tau needed for 1.0x / 1.2x | same ids as ar |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m, r in report["methods"].items():
+        d, f = r["default"], r["forced"]
+        acc = ", ".join(f"{a:.2f}" for a in f["acceptance_by_depth"][:5])
+        lines.append(f"| {m} | {d['speedup']} | {d['drafted_share']:.0%} | {f['speedup']} | {f['tau']} | {acc} | "
+                     f"{f['draft_cost_T1']} | {f['verify_cost_T1']} | {f['predicted_speedup']} | "
+                     f"{r['tau_for_1.0x']} / {r['tau_for_1.2x']} | {r['identical']['default']}+"
+                     f"{r['identical']['forced']}/{2 * report['prompts']} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(CASES))
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default="backoff-diagnostics")
+    p.add_argument("--render", action="store_true", help="only rewrite diagnostics.md from OUT/diagnostics.json")
     args = p.parse_args(argv)
+    if args.render:
+        report = json.loads((Path(args.out) / "diagnostics.json").read_text())
+        (Path(args.out) / "diagnostics.md").write_text("\n".join(render(report, report["max_new_tokens"])) + "\n")
+        return 0
     prompts = [q.text for q in mt_bench()[: args.prompts]] + [q.text for q in humaneval()[: args.prompts]]
     chats = [True] * args.prompts + [False] * args.prompts
     out = Path(args.out)
@@ -130,28 +131,11 @@ def main(argv: list[str] | None = None) -> int:
                        "predicted_speedup": round(f["tau"] / step_cost, 3) if step_cost else None},
             "tau_for_1.0x": round(step_cost, 3), "tau_for_1.2x": round(1.2 * step_cost, 3),
         }
-        acc = f["acceptance_by_depth"]
-        for target in ("1.0x", "1.2x"):
-            factor = needed(acc, row[f"tau_for_{target}"]) if acc else None
-            row[f"acceptance_factor_for_{target}"] = round(factor, 2) if factor is not None else None
         report["methods"][method] = row
         print(f"[diag] {method}: {json.dumps(row)}", file=sys.stderr, flush=True)
         (out / "diagnostics.json").write_text(json.dumps(report, indent=1) + "\n")
         ar = default = forced = None
-    lines = [f"# Why the trained methods back off ({report['date']}, CPU flags {report['cpu_flags']})", "",
-             f"`{report['command']}`: {report['prompts']} held-out prompts (MT-bench + HumanEval) x "
-             f"{args.max_new_tokens} tokens, greedy, one process; costs in units of an `ar` step measured in place.",
-             "", "| method | default: x ar | default: drafted steps | forced: x ar | forced: tau | acceptance by depth "
-             "| draft cost | verify | predicted | tau for 1.0x / 1.2x | acceptance x for 1.0x / 1.2x | same ids |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for m, r in report["methods"].items():
-        d, f = r["default"], r["forced"]
-        acc = ", ".join(f"{a:.2f}" for a in f["acceptance_by_depth"][:5])
-        lines.append(f"| {m} | {d['speedup']} | {d['drafted_share']:.0%} | {f['speedup']} | {f['tau']} | {acc} | "
-                     f"{f['draft_cost_T1']} | {f['verify_cost_T1']} | {f['predicted_speedup']} | "
-                     f"{r['tau_for_1.0x']} / {r['tau_for_1.2x']} | {r['acceptance_factor_for_1.0x']} / "
-                     f"{r['acceptance_factor_for_1.2x']} | {r['identical']['default']}+{r['identical']['forced']}"
-                     f"/{2 * report['prompts']} |")
+    lines = render(report, args.max_new_tokens)
     (out / "diagnostics.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
