@@ -120,7 +120,7 @@ FINETUNED: dict[str, FineTunedModel] = {
                        "SmolLM2-135M-Instruct fine-tuned with MSN ahead noise, for jacobi / msn (LoRA, merged)",
                        "bash scripts/train_msn.sh"),
         FineTunedModel("smollm2-135m-instruct-sft", "smollm2-135m-instruct", "sft",
-                       "MSN's control: the same data and budget, plain fine-tuning (LoRA, merged)",
+                       "MSN's control: the same data and budget, plain fine-tuning (LoRA, merged; not shipped)",
                        "bash scripts/train_msn.sh"),
     )
 }
