@@ -18,15 +18,6 @@ from selfspec.errors import SelfspecError
 FAKE = [sys.executable, str(Path(__file__).with_name("fake_llamacpp_worker.py"))]
 
 
-@pytest.fixture
-def dataset(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    rows = [{"id": f"p{i}", "category": "a", "prompt": f"w{i} w{i + 1} w{i + 2} w{i}", "chat": False}
-            for i in range(3)]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
-
-
 def greedy_table(tiny_dir, dataset) -> dict[str, list[int]]:
     """The tiny model's greedy continuations (``transformers`` ``generate``) of the dataset's
     prompts, by their ids as the bench encodes them: what llama.cpp on the same weights would say."""

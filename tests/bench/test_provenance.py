@@ -16,15 +16,6 @@ from selfspec.cli import main
 from selfspec.errors import SelfspecError
 
 
-@pytest.fixture
-def dataset(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    rows = [{"id": f"p{i}", "category": "a", "prompt": f"w{i} w{i + 1} w{i + 2} w{i}", "chat": False}
-            for i in range(3)]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
-
-
 def bench_args(tiny_dir, dataset, out, *extra) -> list[str]:
     return ["bench", "--model", str(tiny_dir), "--methods", "ar", "--kernels", "stock", "--dataset", str(dataset),
             "--max-new-tokens", "4", "--out", str(out), *extra]
