@@ -117,6 +117,38 @@ def test_halving_picks_the_fastest_pair_prunes_and_disqualifies():
     assert gens["ar@onednn"].prompts == ["a", "a", "b", "c"]
 
 
+def test_a_budget_cuts_later_rounds_to_what_fits():
+    """Round 0 (every candidate once) costs 13.2 fake seconds; of a 20 s budget, round 1 then fits
+    one prompt for the two fastest only, and round 2 nothing: the choice is made on what ran."""
+    clock = FakeClock()
+    gens = {"ar@stock": FakeGen(clock, 10), "pld@stock": FakeGen(clock, 20), "msn@stock": FakeGen(clock, 15),
+            "jacobi@stock": FakeGen(clock, 12)}
+    make, _ = fakes(clock, gens)
+    cal = autoselect.measure(make, [cand(label) for label in gens], PROMPTS, reference="ar", max_new_tokens=40,
+                             budget_s=20.0, clock=clock)
+    assert gens["pld@stock"].prompts == ["a", "a", "b"] and gens["msn@stock"].prompts == ["a", "a", "b"]
+    assert gens["jacobi@stock"].prompts == ["a", "a"]  # pruned: the budget kept two finalists
+    assert list(cal.finalists()) == ["pld@stock", "msn@stock"]
+    assert autoselect.select(cal.finalists(), cal.identical) == "pld@stock"
+    # a budget spent by round 0: every candidate decoded once, the fastest of them wins
+    clock2 = FakeClock()
+    gens2 = {label: FakeGen(clock2, g.speed) for label, g in gens.items()}
+    make2, _ = fakes(clock2, gens2)
+    cal2 = autoselect.measure(make2, [cand(label) for label in gens2], PROMPTS, reference="ar", max_new_tokens=40,
+                              budget_s=1.0, clock=clock2)
+    assert all(g.prompts == ["a", "a"] for g in gens2.values())
+    assert autoselect.select(cal2.finalists(), cal2.identical) == "pld@stock"
+
+
+def test_fit_round_shrinks_prompts_then_finalists():
+    assert autoselect.fit_round(2, 4, [1.0, 2.0, 3.0, 4.0], None) == (2, 4)
+    assert autoselect.fit_round(2, 4, [1.0, 2.0, 3.0, 4.0], 20.0) == (2, 4)
+    assert autoselect.fit_round(2, 4, [1.0, 2.0, 3.0, 4.0], 12.0) == (1, 4)
+    assert autoselect.fit_round(2, 4, [1.0, 2.0, 3.0, 4.0], 5.0) == (1, 2)
+    assert autoselect.fit_round(2, 4, [1.0, 2.0, 3.0, 4.0], 2.0) is None
+    assert autoselect.fit_round(1, 2, [1.0], 5.0) == (1, 1)
+
+
 def test_a_fixed_method_chooses_kernels_without_a_reference():
     clock = FakeClock()
     gens = {"pld@stock": FakeGen(clock, 30), "pld@onednn": FakeGen(clock, 34, differ="b")}
@@ -144,6 +176,15 @@ def test_draft_precisions_are_part_of_the_cross_product(tiny):
     labels = [c.label for c in autoselect.candidates(tiny, [spec, lossy], ["stock", "int8"])]
     # int8 drafts on int8 verify kernels are the "same" variant; a lossy method is never a candidate
     assert labels == ["toy@stock, draft as verify", "toy@stock, draft int8", "toy@int8, draft as verify"]
+
+
+def test_bf16_drafts_are_candidates_only_where_they_can_pay(tiny):
+    spec = MethodSpec("toy", object, lambda *a: None, True, "toy",
+                      auto=AutoCandidacy(ALWAYS.options, "draft_kernels", ("same", "int8", "bf16")))
+    native = AutoContext(draft_precisions=("same", "int8", "bf16"))
+    emulated = AutoContext(draft_precisions=("same", "int8"))
+    assert [c.precision for c in autoselect.candidates(tiny, [spec], ["stock"], native)] == ["same", "int8", "bf16"]
+    assert [c.precision for c in autoselect.candidates(tiny, [spec], ["stock"], emulated)] == ["same", "int8"]
 
 
 def test_candidates_of_a_fine_tuned_model(tmp_path, tiny_dir):

@@ -21,7 +21,7 @@ from .drafters.base import restore_request_state, snapshot_request_state
 from .errors import SelfspecError
 from .models.bundled import DEFAULT_MODEL
 from .models.loading import LoadedModel, load_model
-from .models.selftest import tree_self_test
+from .models.selftest import keep_int8_promise, tree_self_test
 from .registry import AUTO, BASELINE, METHODS, BuildContext, method_config
 
 
@@ -280,7 +280,8 @@ def _load(model: str | LoadedModel, method: str, device: str | None, dtype: str 
     if kernels != AUTO and kernels != target.backend:
         target.use_kernels(kernels)
     if self_test:
-        tree_self_test(target.model)
+        worst = tree_self_test(target.model)
+        keep_int8_promise(target, lambda m: worst)  # int8 promises bit-identical rows: checked, else stock
     if method == AUTO or kernels == AUTO:
         return _load_chosen(target, method, method_options, kernels, trust_remote_code, remeasure,
                             keep=isinstance(model, LoadedModel))

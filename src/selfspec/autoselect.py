@@ -44,6 +44,9 @@ CALIBRATION_TOKENS = 32
 WARMUP_TOKENS = 4
 # Successive halving: (calibration prompts decoded, candidates kept into the round; None: all).
 ROUNDS: tuple[tuple[int, int | None], ...] = ((1, None), (2, 4), (1, 2))
+# Seconds a calibration may take: later rounds shrink (fewer prompts, then two finalists) or are
+# skipped to fit, by what round 0 measured; round 0 itself is every candidate once, whatever it costs.
+BUDGET_S = 60.0
 CACHE_FORMAT = "selfspec-auto/2"
 
 
@@ -136,6 +139,13 @@ def candidates(target: LoadedModel, specs: Iterable[MethodSpec], kernels: Sequen
     """The cross product of the methods in ``specs`` that are ``auto`` candidates for ``target``
     here (in ``specs`` order, the reference first), their draft precisions, and ``kernels``."""
     ctx = ctx or AutoContext()
+    usable = ctx.draft_precisions
+    if usable is None:
+        from .kernels.switch import draft_precisions
+
+        usable, left_out = draft_precisions(next(target.model.parameters()).device.type)
+        for precision, why in left_out.items():
+            log.info("auto: %s drafts left out: %s", precision, why)
     out: list[Candidate] = []
     for spec in specs:
         if spec.auto is None or not spec.lossless:
@@ -145,7 +155,8 @@ def candidates(target: LoadedModel, specs: Iterable[MethodSpec], kernels: Sequen
             continue
         variants = [(dict(options), "")]
         if spec.auto.precision_option:
-            variants = [({**options, spec.auto.precision_option: p}, p) for p in spec.auto.precisions]
+            variants = [({**options, spec.auto.precision_option: p}, p) for p in spec.auto.precisions
+                        if p in ("", "same") or p in usable]
         for k in kernels:
             for opts, precision in variants:
                 if precision not in ("", "same") and precision == k:
@@ -188,7 +199,7 @@ def select(table: dict[str, float], identical: dict[str, bool] | None = None) ->
 
 def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], prompts: Sequence[str],
             reference: str | None = "ar", max_new_tokens: int = CALIBRATION_TOKENS,
-            rounds: Sequence[tuple[int, int | None]] = ROUNDS,
+            rounds: Sequence[tuple[int, int | None]] = ROUNDS, budget_s: float | None = BUDGET_S,
             clock: Callable[[], float] = time.perf_counter) -> Calibration:
     """Calibrate ``cands`` greedily on ``prompts`` by successive halving over ``rounds``.
 
@@ -196,13 +207,17 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
     place). A candidate that fails to build or run (:class:`SelfspecError`) is left out with a
     note. With ``reference`` (a method name), every other candidate's ids must equal the
     reference method's on the same kernels and prompt (the reference is built for a kernels
-    backend it is no candidate on, untimed); otherwise it is disqualified. ``clock`` times the
-    runs (injected in tests)."""
+    backend it is no candidate on, untimed); otherwise it is disqualified. ``budget_s`` bounds
+    the whole calibration (builds included) where it can: a later round whose projected time (each
+    finalist's seconds per prompt so far) would overrun it runs fewer prompts, then only the two
+    fastest, or is skipped (None: no bound). ``clock`` times the runs (injected in tests)."""
     by_label = {c.label: c for c in cands}
+    started = clock()
     cal = Calibration()
     gens: dict[str, Decoder] = {}
     tokens = dict.fromkeys(by_label, 0)
     seconds = dict.fromkeys(by_label, 0.0)
+    runs = dict.fromkeys(by_label, 0)
     refs: dict[tuple[str, int], list[int]] = {}
     ref_gens: dict[str, Decoder | None] = {}
 
@@ -229,6 +244,7 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
         t0 = clock()
         r = gens[label].generate(prompts[i], max_new_tokens=max_new_tokens)
         seconds[label] += clock() - t0
+        runs[label] += 1
         tokens[label] += r.new_tokens
         ids = list(r.token_ids)
         if reference is None:
@@ -266,7 +282,19 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
         if len(alive) <= 1 or not idx:
             break
         keep_n = len(alive) if keep is None else keep
-        kept = set(sorted(alive, key=lambda lab: -speed(lab))[:keep_n])
+        ranked = sorted(alive, key=lambda lab: -speed(lab))
+        fitted = fit_round(len(idx), keep_n, [seconds[lab] / max(runs[lab], 1) for lab in ranked],
+                           None if budget_s is None else budget_s - (clock() - started))
+        if fitted is None:
+            log.info("auto: the %.0f s calibration budget is spent: choosing among the %d measured so far",
+                     budget_s, len(alive))
+            break
+        if fitted != (len(idx), min(keep_n, len(alive))):
+            log.info("auto: round %d cut to %d prompt(s) x %d finalists to stay within %.0f s", r_index,
+                     fitted[0], fitted[1], budget_s)
+        idx = idx[: fitted[0]]
+        keep_n = fitted[1]
+        kept = set(ranked[:keep_n])
         # the reference first on each prompt, so its timed run also gives the others' reference ids
         alive = sorted((lab for lab in alive if lab in kept), key=lambda lab: not is_reference(by_label[lab]))
         for i in idx:  # interleaved, so a change of machine load hits every finalist alike
@@ -289,6 +317,29 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
             cal.speeds[label] = speed(label)
     cal.reached = {label: r for label, r in cal.reached.items() if label in cal.speeds}
     return cal
+
+
+def fit_round(n_prompts: int, keep: int, per_prompt: Sequence[float], left_s: float | None) -> tuple[int, int] | None:
+    """(prompts, finalists) of a halving round that fit in ``left_s`` seconds, or None when not even
+    one prompt for the two fastest fits.
+
+    Args:
+        n_prompts: prompts the round would decode.
+        keep: finalists it would keep.
+        per_prompt: seconds per prompt of the alive candidates, fastest first.
+        left_s: seconds left of the budget (None: no bound).
+    """
+    keep = min(keep, len(per_prompt))
+    if left_s is None:
+        return n_prompts, keep
+
+    def cost(n: int, k: int) -> float:
+        return n * sum(per_prompt[:k])
+
+    for n, k in [(n, keep) for n in range(n_prompts, 0, -1)] + [(1, min(keep, 2))]:
+        if cost(n, k) <= left_s:
+            return n, k
+    return None
 
 
 def _artefacts(target: LoadedModel, cands: Sequence[Candidate]) -> list:

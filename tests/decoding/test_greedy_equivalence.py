@@ -400,6 +400,8 @@ def _reduced_cases():
                                                   draft_kernels="int8"), "half"),
         "self-spec-int8-full-vocab": ("self-spec", dict(skip_attention=(), skip_mlp=(), k=K, auto_k=False,
                                                         draft_kernels="int8", draft_vocab=0), None),
+        "self-spec-skip-bf16": ("self-spec", dict(skip_attention=(1,), skip_mlp=(2,), k=K, auto_k=False,
+                                                  draft_kernels="bf16"), "half"),
         "hass-reduced": ("hass", dict(head="random:1", total_tokens=10, top_k=3, depth=3, min_prob=0.0), "half"),
     }
 
@@ -411,7 +413,7 @@ def test_reduced_draft_vocab_and_int8_drafts_match_generate(target, references, 
     from ..conftest import write_draft_ranking
 
     method, opts, subset = _reduced_cases()[case]
-    if "draft_kernels" in opts and TEST_DEVICE != "cpu":
+    if opts.get("draft_kernels") == "int8" and TEST_DEVICE != "cpu":
         pytest.skip("int8 drafts run on the CPU only")
     used = sorted({t for ref in references for t in ref})
     if subset == "covering":
@@ -427,7 +429,7 @@ def test_reduced_draft_vocab_and_int8_drafts_match_generate(target, references, 
     g = selfspec.load(target, method, self_test=False, **opts)
     vocab = getattr(g.drafter.lm_head, "vocab", None)
     assert (vocab is None) == (subset is None)
-    if opts.get("draft_kernels") == "int8" and target.backend != "int8":
+    if opts.get("draft_kernels") in ("int8", "bf16") and target.backend != opts["draft_kernels"]:
         assert g.drafter.switch is not None and g.drafter.switch.extra_bytes > 0
     g.drafter = InvariantChecker(g.drafter)
     for p, ref in zip(PROMPTS, references):

@@ -172,3 +172,27 @@ def test_sibling_group_is_bit_identical_to_separate_layers():
     assert torch.equal(members[0](x), Int8Linear(layers[0])(x))
     y += 1  # a different input object is never served from the cache
     assert torch.equal(members[1](y), Int8Linear(layers[1])(y))
+
+
+def test_int8_promise_holds_here_or_falls_back_to_stock(tiny_dir, caplog):
+    """The load-time check of int8's bit-identity promise: kept where the rows are identical; where
+    the probe finds a difference (injected: a CPU whose kernels break it), stock kernels and a note."""
+    from selfspec.models.selftest import keep_int8_promise
+
+    t = load_model(str(tiny_dir), kernels="int8")
+    assert keep_int8_promise(t) == "int8" and t.backend == "int8"  # the real probe on this machine
+    assert keep_int8_promise(t, probe=lambda m: 3e-7) == "stock" and t.backend == "stock"
+    assert "not bit-identical" in caplog.text and "stock" in caplog.text
+    assert keep_int8_promise(t, probe=lambda m: 1.0) == "stock"  # nothing to check on stock
+
+
+@pytest.mark.real_model
+@torch.inference_mode()
+def test_int8_promise_probe_catches_batched_attention(tiny_dir):
+    """Negative control of the real probe: int8 linears with the stock batched attention break the
+    promise, and the probe finds it (it can fail)."""
+    from selfspec.models.selftest import keep_int8_promise
+
+    t = load_model(bundled_path("smollm2-135m-instruct"), kernels="int8")
+    t.model.set_attn_implementation("sdpa")
+    assert keep_int8_promise(t) == "stock"

@@ -119,6 +119,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch, sched
     assert torch.equal(cut["weight"], whole["weight"])
     hist = json.loads((tmp_path / "cut" / "train" / "history.json").read_text())
     assert hist["step"] == 30 and hist["val"][0]["step"] == 0 and hist["val"][-1]["step"] == 30
+    assert {8, 16} <= {v["step"] for v in hist["val"]}  # log-spaced points for accuracy-vs-tokens curves
     assert (tmp_path / "cut" / "train" / "loss.png").stat().st_size > 1000
     assert sorted(p.name for p in (tmp_path / "cut" / "train" / "checkpoints").iterdir()) == ["step_25", "step_30"]
 

@@ -69,8 +69,9 @@ class SelfSpecConfig:
     alpha: float | None = option(None, "override the skip config's target acceptance alpha (gamma exit)")
     draft_vocab: int = option(-1, DRAFT_VOCAB_HELP, flag="--draft-vocab")
     draft_kernels: str = option("config", "kernels of the draft passes: int8 = a quantised copy of the model's own "
-                                          "weights (+25% memory; verification stays on the model's kernels, so "
-                                          "output is unchanged), same = the verify backend's, config = the skip "
+                                          "weights (+25% memory), bf16 = a bf16 copy (+50%; pays where the CPU has "
+                                          "avx512_bf16 or AMX); verification stays on the model's kernels, so "
+                                          "output is unchanged; same = the verify backend's, config = the skip "
                                           "config's (else same)",
                                 flag="--draft-kernels", choices=("config", *DRAFT_KERNELS))
 
@@ -368,4 +369,4 @@ def _has_skip_config(name: str, target, ctx: AutoContext) -> dict | None:
 
 SPEC = MethodSpec("self-spec", SelfSpecConfig, build, True,
                   "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)",
-                  auto=AutoCandidacy(_has_skip_config, "draft_kernels", DRAFT_KERNELS))
+                  auto=AutoCandidacy(_has_skip_config, "draft_kernels", DRAFT_KERNELS))  # bf16 where native

@@ -45,9 +45,16 @@ class BuildContext:
 
 @dataclass(frozen=True)
 class AutoContext:
-    """What else decides whether a method is an ``auto`` candidate: the draft model the user named."""
+    """What else decides whether a method is an ``auto`` candidate.
+
+    Attributes:
+        draft_model: the draft model the user named.
+        draft_precisions: the draft precisions that can pay here (None: detected on the target's
+            device by :func:`selfspec.kernels.switch.draft_precisions`).
+    """
 
     draft_model: str | None = None
+    draft_precisions: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .bf16 import Bf16Linear
 from .int8 import Int8Linear
 from .int8 import apply as apply_int8
 from .onednn import OneDNNLinear
@@ -40,6 +41,8 @@ def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:
         return OneDNNLinear(layer)
     if kernels == "int8":
         return Int8Linear(layer)
+    if kernels == "bf16":  # draft-only kernels (a reduced-vocabulary draft LM head)
+        return Bf16Linear(layer)
     return layer
 
 

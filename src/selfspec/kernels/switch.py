@@ -1,5 +1,5 @@
 """Draft passes on other kernels than verification: a kept second set of linear layers that a
-context manager swaps in (e.g. an int8 copy of the model's own weights for self-drafting).
+context manager swaps in (e.g. an int8 or bf16 copy of the model's own weights for self-drafting).
 
 Only the linear layers change; the attention function stays the verify backend's. Drafts need
 not be exact, and verification (outside the context) runs on the layers the model had before,
@@ -14,24 +14,37 @@ from contextlib import contextmanager
 from torch import nn
 
 from ..errors import SelfspecError
+from .bf16 import apply as apply_bf16
 from .int8 import apply as apply_int8
 from .swap import linear_layers, original_of
 
-DRAFT_KERNELS = ("same", "int8")
-MEMORY_COST = {"same": 0.0, "int8": 0.25}  # extra memory, as a share of the fp32 weights
+DRAFT_KERNELS = ("same", "int8", "bf16")
+MEMORY_COST = {"same": 0.0, "int8": 0.25, "bf16": 0.5}  # extra memory, as a share of the fp32 weights
+
+
+def draft_precisions(device_type: str = "cpu") -> tuple[tuple[str, ...], dict[str, str]]:
+    """The draft kernels that can pay on ``device_type`` (``same``, ``int8``, and ``bf16`` where
+    the hardware multiplies it natively), and why each other one is left out."""
+    from .bf16 import native_reason
+
+    left_out = {}
+    reason = native_reason(device_type)
+    if reason is not None:
+        left_out["bf16"] = reason
+    return tuple(k for k in DRAFT_KERNELS if k not in left_out), left_out
 
 
 class LinearSwitch:
     """The model's linear layers plus a kept alternative set on ``kernels``.
 
     Attributes:
-        kernels: the alternative backend (``int8``).
+        kernels: the alternative backend (``int8`` or ``bf16``).
         extra_bytes: memory the alternative layers hold.
     """
 
     def __init__(self, model: nn.Module, kernels: str) -> None:
         if kernels not in DRAFT_KERNELS or kernels == "same":
-            raise SelfspecError(f"draft kernels {kernels!r}: use int8 (or same for the verify backend's)")
+            raise SelfspecError(f"draft kernels {kernels!r}: use int8 or bf16 (or same for the verify backend's)")
         if model.__dict__.get("_selfspec_released"):
             raise SelfspecError("this model's fp32 weights were released; load it again to draft on other kernels")
         self.model = model
@@ -39,7 +52,10 @@ class LinearSwitch:
         slots = linear_layers(model)
         attn = model.config._attn_implementation
         try:
-            apply_int8(model, keep=False)  # builds the int8 layers from the fp32 originals
+            if kernels == "int8":
+                apply_int8(model, keep=False)  # builds the int8 layers from the fp32 originals
+            else:
+                apply_bf16(model)
             self._draft = [(p, n, getattr(p, n)) for p, n, _ in slots]
         finally:
             for p, n, layer in slots:  # the verify layers back, attention function included
@@ -47,8 +63,10 @@ class LinearSwitch:
             if model.config._attn_implementation != attn:
                 model.set_attn_implementation(attn)
         self._verify = slots
-        # int8 weights: one byte per fp32 weight (a quarter of their memory), plus per-row scales
-        self.extra_bytes = sum(original_of(layer).weight.numel() + 4 * original_of(layer).out_features
+        # int8 weights: one byte per fp32 weight (a quarter of their memory), plus per-row scales;
+        # bf16: two bytes per weight
+        per_weight = 1 if kernels == "int8" else 2
+        self.extra_bytes = sum(per_weight * original_of(layer).weight.numel() + 4 * original_of(layer).out_features
                                for _, _, layer in self._draft)
 
     @contextmanager

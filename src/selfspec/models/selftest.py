@@ -12,12 +12,17 @@ mask sees different tokens in its context and fails both by far.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import torch
 
 from ..core import kv_cache
 from ..core.tree import DraftTree
 from ..errors import SelfspecError
 from .adapter import forward_block
+
+log = logging.getLogger("selfspec.models")
 
 
 def _half_precision_ok(tree_logits: torch.Tensor, seq_logits: torch.Tensor, dtype: torch.dtype) -> tuple[bool, str]:
@@ -69,3 +74,29 @@ def tree_self_test(model: torch.nn.Module, prefix_len: int = 5, atol: float | No
             "supported (pass self_test=False only to debug)"
         )
     return worst
+
+
+def keep_int8_promise(target, probe: Callable[[torch.nn.Module], float] | None = None) -> str:
+    """Check the ``int8`` backend's promise on this machine: verify rows (tree and block) are
+    bit-identical to one-token decoding, so speculative decoding on it is exact. Where the probe
+    finds any difference, the model falls back to the ``stock`` fp32 kernels (lossless by the
+    same identity tests as every fp32 backend) with a one-line warning; returns the backend in use.
+
+    Args:
+        target: a :class:`~selfspec.models.loading.LoadedModel` (nothing happens unless on int8).
+        probe: the check, ``probe(model) -> largest logit difference`` (default: the tree
+            self-test with no tolerance; injected in tests).
+    """
+    if target.backend != "int8":
+        return target.backend
+    probe = probe or (lambda m: tree_self_test(m, atol=float("inf")))
+    worst = probe(target.model)
+    if worst == 0.0:
+        return "int8"
+    if target.model.__dict__.get("_selfspec_released"):
+        raise SelfspecError(f"int8 verify rows are not bit-identical to one-token decoding on this CPU (logits differ "
+                            f"by up to {worst:.3g}) and the fp32 weights were released; load the model again without "
+                            "releasing them, or use --kernels stock")
+    log.warning("selfspec: int8 verify rows are not bit-identical to one-token decoding on this CPU (logits differ by "
+                "up to %.3g): using the stock fp32 kernels instead", worst)
+    return target.use_kernels("stock")

@@ -302,7 +302,8 @@ def train(model: torch.nn.Module, objective: Objective, items: Sequence, out: Pa
             state["history"].append(m)
             bar.update(1)
             bar.set_postfix({k: f"{m[k]:.3f}" for k in dict.fromkeys(shown) if k in m})
-            if (state["step"] % eval_every == 0 or state["step"] == total) and val_items:
+            if val_items and (state["step"] % eval_every == 0 or state["step"] == total
+                              or _log_spaced(state["step"])):
                 validate()
             if state["step"] % opts.checkpoint_every == 0 or state["step"] == total:
                 _checkpoint(acc, ckdir, state)
@@ -319,6 +320,12 @@ def train(model: torch.nn.Module, objective: Objective, items: Sequence, out: Pa
             pass
     acc.wait_for_everyone()
     return {"steps": state["step"], **(state["val"][-1] if state["val"] else {})}
+
+
+def _log_spaced(step: int) -> bool:
+    """Whether ``step`` is a power of two from 8 on: validations at these steps (besides the four
+    evenly spaced ones) give held-out accuracy against training tokens on a log scale."""
+    return step >= 8 and step & (step - 1) == 0
 
 
 def plot_history(state: dict, path: Path, title: str, keys: Sequence[str] = ("loss",)) -> None:
