@@ -28,3 +28,27 @@ def test_load_takes_a_thread_count_and_restores_torch_s(tiny_dir):
 def test_a_bad_thread_count_is_one_line(tiny_dir, threads):
     with pytest.raises(SelfspecError, match="threads must be an integer >= 1"):
         selfspec.load(str(tiny_dir), "ar", threads=threads)
+
+
+def test_a_generator_corrects_its_drafters_cost_profile_when_asked(tiny_dir, tmp_path, monkeypatch):
+    """The loop times every verify forward into the generator's own OnlineCost (no process-wide
+    state, no exit hook); ``save_cost_correction`` writes the corrected profile, and only then."""
+    import json
+
+    from selfspec.core.cost import MIN_OBSERVATIONS, CostProfile
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    g = selfspec.load(str(tiny_dir), "pld", kernels="stock", self_test=False)
+    online = g.online_cost
+    assert online is not None and online.profile is g.drafter.cost_profile()
+    assert selfspec.load(str(tiny_dir), "ar", kernels="stock", self_test=False).online_cost is None
+    before = online.profile.path.read_text()
+    steps = 0
+    while not online.estimates():
+        r = g.generate("the cat sat on the mat", max_new_tokens=16, ignore_eos=True)
+        steps += len(r.committed_per_step) - 1  # every verify step after the prompt is timed once
+        assert sum(online.count.values()) == steps
+    assert max(online.count.values()) >= MIN_OBSERVATIONS
+    assert online.profile.path.read_text() == before  # requests never write: later loads read what was cached
+    assert g.save_cost_correction() == online.profile.path
+    assert CostProfile.from_json(json.loads(online.profile.path.read_text())).source == "corrected"

@@ -213,3 +213,24 @@ def test_every_readme_command_parses_and_validates():
         ns = build_parser().parse_args(argv)
         if getattr(ns, "method", None) and argv[0] != "tune":
             registry.method_config(ns.method, method_options(ns, ns.method))
+
+
+def test_every_drafter_declares_its_request_state_and_cost_profile():
+    """The Drafter protocol's explicit members (no reflection in the package): each drafter class
+    names what adapts across requests, and says which cost profile it sizes drafts from."""
+    import importlib
+    import inspect
+
+    names = ("base", "draft_model", "eagle", "jacobi", "msn", "prompt_lookup", "scripted", "sdsat", "self_spec",
+             "space")
+    modules = [importlib.import_module(f"selfspec.drafters.{n}") for n in names]
+    classes = [c for mod in modules
+               for _, c in inspect.getmembers(mod, inspect.isclass)
+               if c.__module__ == mod.__name__ and hasattr(c, "propose")]
+    assert len(classes) >= 10
+    for c in classes:
+        assert isinstance(c.request_state, tuple) and all(isinstance(n, str) for n in c.request_state), c
+        assert callable(c.cost_profile), c
+        init = inspect.getsource(c.__init__) if "__init__" in vars(c) else ""
+        for name in c.request_state:  # each one is set at construction
+            assert f"self.{name} =" in init or f"self.{name}," in init, (c, name)

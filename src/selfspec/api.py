@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import GenerationConfig, check_threads, stop_strings
+from .core.cost import OnlineCost
 from .core.kv_cache import new_cache
 from .core.sampling import GumbelNoise, Warper
 from .decoding.loop import run
@@ -100,6 +101,9 @@ class SpeculativeGenerator:
         self.method = method
         self.drafter = drafter
         self._fresh_drafter = snapshot_request_state(drafter)  # restored before each rejection-sampled request
+        profile = drafter.cost_profile()
+        # verify timings correct the drafter's cost profile: written back by save_cost_correction()
+        self.online_cost = OnlineCost(profile) if profile is not None else None
         self.lossless = lossless
         self.last_result: GenerationResult | None = None
         self.auto_choice = None  # where auto chose the configuration: its autoselect.Choice
@@ -113,6 +117,14 @@ class SpeculativeGenerator:
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    def save_cost_correction(self):
+        """Write the drafter's cost profile back to the cache, corrected by the verify timings of
+        this generator's requests (where some block size was timed often enough); the next load
+        sizes drafts from it. An explicit step (the CLI takes it when a command ends), never
+        mid-process: a profile read by a later load of this process stays the one it read.
+        Returns the path written, or None."""
+        return self.online_cost.persist() if self.online_cost is not None else None
 
     def _state(self, prompt: str | Sequence[int], cfg: GenerationConfig, chat: bool) -> DecodeState:
         model = self.target.model
@@ -169,7 +181,7 @@ class SpeculativeGenerator:
             restore_request_state(self.drafter, self._fresh_drafter)
         with torch_threads(self.threads):
             t0 = time.perf_counter()
-            for new in run(state, self.target.model, self.drafter):
+            for new in run(state, self.target.model, self.drafter, self.online_cost):
                 yield state, new
             self.last_result = self._result(state, time.perf_counter() - t0)
 

@@ -219,6 +219,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         r = g.generate(args.prompt, **kw)
         print(json.dumps(r.to_dict()))
+        g.save_cost_correction()
         return 0
     colour = args.show_accepted and sys.stdout.isatty() or args.show_accepted == "always"
     for step, (piece, _) in enumerate(g.stream_steps(args.prompt, **kw)):
@@ -229,6 +230,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     sys.stdout.write("\n")
     print(_stats_line(g.last_result), file=sys.stderr)
+    g.save_cost_correction()
     return 0
 
 
@@ -306,6 +308,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"{'yes' if same_hf else 'no (kernel rounding near a tie; see docs/performance.md)'}")
     if load.note():
         print(load.note(), file=sys.stderr)
+    spec.save_cost_correction()
     if kw["temperature"] == 0 and not same and s.lossless:
         print("selfspec: error: greedy outputs differ; please report this", file=sys.stderr)
         return 1

@@ -87,83 +87,78 @@ def test_monotone_note_names_the_pair_and_no_warning_word():
 
 
 def test_observe_keeps_an_average_per_q_and_ratio_reads_the_snapshot():
-    cost.reset_online("k-online")
     p = CostProfile((1, 2, 4), (1.0, 2.0, 2.5), 16, "k-online")
+    online = cost.OnlineCost(p)
     for s in (1.4, 1.5, 9.0, 1.6, 1.5):  # median start: one cold outlier does not stay
-        p.observe(2, s)
-    p.observe(4, 3.0)  # once: too few to count
-    p.observe(3, float("nan"))
-    p.observe(0, 1.0)  # ignored
-    assert cost.online("k-online").estimates() == {2: 1.5}
-    assert p.drift() == pytest.approx(0.25)  # |1.5 - 2.0| / 2.0
+        online.observe(2, s)
+    online.observe(4, 3.0)  # once: too few to count
+    online.observe(3, float("nan"))
+    online.observe(0, 1.0)  # ignored
+    assert online.estimates() == {2: 1.5}
+    assert online.drift() == pytest.approx(0.25)  # |1.5 - 2.0| / 2.0
     for _ in range(20):
-        p.observe(2, 1.0)
-    ema = cost.online("k-online").estimates()[2]
+        online.observe(2, 1.0)
+    ema = online.estimates()[2]
     assert 1.0 < ema < 1.5
     assert p.ratio(2) == 2.0 and p.seconds == (1.0, 2.0, 2.5)  # draft sizing never changes in-process
-    c = p.corrected()
+    c = online.corrected()
     assert c.qs == (1, 2, 4) and c.raw[1] == pytest.approx(ema) and c.source == "corrected"
-    assert c.last_drift == pytest.approx(p.drift()) and dict(c.observations) == {2: 25}
+    assert c.last_drift == pytest.approx(online.drift()) and dict(c.observations) == {2: 25}
     assert list(c.seconds) == cost.isotonic(c.raw)
-    cost.reset_online("k-online")
 
 
 def test_corrected_adds_unmeasured_qs_and_refits():
-    cost.reset_online("k-add")
-    p = CostProfile((1, 2, 4), (1.0, 2.0, 2.5), 16, "k-add")
+    online = cost.OnlineCost(CostProfile((1, 2, 4), (1.0, 2.0, 2.5), 16, "k-add"))
     for _ in range(5):
-        p.observe(3, 1.0)  # faster than T(2): pooled by the fit
-    c = p.corrected()
+        online.observe(3, 1.0)  # faster than T(2): pooled by the fit
+    c = online.corrected()
     assert c.qs == (1, 2, 3, 4) and c.raw == (1.0, 2.0, 1.0, 2.5) and c.seconds == (1.0, 1.5, 1.5, 2.5)
-    assert p.drift() == pytest.approx(1 - 1.0 / 2.25)
-    cost.reset_online("k-add")
+    assert online.drift() == pytest.approx(1 - 1.0 / 2.25)
 
 
-def test_online_estimates_are_shared_by_copies():
-    import copy
-
-    cost.reset_online("k-copy")
-    p = CostProfile((1, 2), (1.0, 2.0), 16, "k-copy")
-    q = copy.deepcopy(p)  # drafters snapshot their budget state, profile included
+def test_estimates_belong_to_their_owner():
+    """Two generators' estimates never mix: no process-wide state."""
+    p = CostProfile((1, 2), (1.0, 2.0), 16, "k-own")
+    a, b = cost.OnlineCost(p), cost.OnlineCost(p)
     for _ in range(5):
-        q.observe(1, 2.0)
-    assert p.drift() == pytest.approx(1.0)
-    cost.reset_online("k-copy")
+        a.observe(1, 2.0)
+    assert a.drift() == pytest.approx(1.0) and b.drift() == 0.0 and b.estimates() == {}
 
 
 def test_persist_writes_the_corrected_profile_and_never_raises(tmp_path):
-    cost.reset_online("k-persist")
     p = CostProfile((1, 2), (1.0, 2.0), 16, "k-persist", path=tmp_path / "p.json")
-    assert p.persist() is None and not (tmp_path / "p.json").exists()  # nothing observed
+    online = cost.OnlineCost(p)
+    assert online.persist() is None and not (tmp_path / "p.json").exists()  # nothing observed
     for _ in range(6):
-        p.observe(2, 3.0)
-    assert p.persist() == tmp_path / "p.json"
+        online.observe(2, 3.0)
+    assert online.persist_if_due(every=7) is None and not (tmp_path / "p.json").exists()  # not due yet
+    assert online.persist_if_due(every=6) == tmp_path / "p.json"
+    assert online.persist_if_due(every=1) is None  # written: nothing new since
     saved = CostProfile.from_json(json.loads((tmp_path / "p.json").read_text()))
     assert saved.raw == (1.0, 3.0) and saved.last_drift == pytest.approx(0.5) and saved.source == "corrected"
     (tmp_path / "file").write_text("")
-    assert p.persist(tmp_path / "file" / "p.json") is None  # unwritable: no exception
-    assert CostProfile((1,), (1.0,), 16, "k-persist").persist() is None  # no cache path: nowhere to write
-    cost.reset_online("k-persist")
+    assert online.persist(tmp_path / "file" / "p.json") is None  # unwritable: no exception
+    nowhere = cost.OnlineCost(CostProfile((1,), (1.0,), 16, "k-persist"))
+    nowhere.observe(1, 1.0)
+    assert nowhere.persist() is None  # no cache path: nowhere to write
 
 
-def test_exit_persists_profiles_loaded_from_the_cache(tmp_path, monkeypatch):
+def test_a_generator_writes_the_correction_back_after_requests(tmp_path, monkeypatch):
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
     model = tiny_model()
     monkeypatch.setattr(cost, "measure", lambda m, key, qs=cost.DEFAULT_QS, *a, **kw: CostProfile(
         tuple(qs), tuple(float(q) for q in qs), 8, key, tuple(float(q) for q in qs), (0.0,) * len(qs), 3))
     prof = load_or_measure(model, "tiny-exit")
     assert prof.path is not None and prof.path.is_file()
-    cost.reset_online(prof.key)
+    online = cost.OnlineCost(prof)
     for _ in range(5):
-        prof.observe(2, 2.5)
-    assert cost._TO_PERSIST[prof.key] is prof
+        online.observe(2, 2.5)
     wider = load_or_measure(model, "tiny-exit", extra_qs=(36,))  # measured again, wider, meanwhile
     assert 36 in wider.qs
-    cost._persist_all()  # what atexit runs
+    assert online.persist() == prof.path
     again = load_or_measure(model, "tiny-exit")
     assert again.source == "corrected" and again.raw[1] == 2.5 and again.last_drift == pytest.approx(0.25)
-    assert again.qs == wider.qs  # corrected on top of what the cache held at exit
-    cost.reset_online(prof.key)
+    assert again.qs == wider.qs  # corrected on top of what the cache held when written
 
 
 def test_drift_over_thirty_percent_is_measured_again_once(tmp_path, monkeypatch):
@@ -192,20 +187,6 @@ def test_drift_over_thirty_percent_is_measured_again_once(tmp_path, monkeypatch)
     drifted(fresh, 0.45, remeasured_for_drift=True)
     assert load_or_measure(model, "tiny-drift").last_drift == 0.45 and len(calls) == 2
     assert load_or_measure(model, "tiny-drift", remeasure=True) and len(calls) == 3
-
-
-def test_profile_of_finds_the_drafters_profile():
-    class Budget:
-        def __init__(self, profile):
-            self.profile = profile
-
-    class Drafter:
-        def __init__(self, profile):
-            self.budget = Budget(profile)
-
-    p = CostProfile((1,), (1.0,), 16, "k")
-    assert cost.profile_of(Drafter(p)) is p and cost.profile_of(Budget(p)) is p
-    assert cost.profile_of(Drafter(None)) is None and cost.profile_of(object()) is None
 
 
 # --- selfspec profile ---------------------------------------------------------------------------------------------

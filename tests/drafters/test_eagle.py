@@ -41,6 +41,44 @@ def test_rerank_ties_rank_ancestors_first_and_closure_is_asserted():
         rerank(bad, 1, n=1)
 
 
+class HostReads(torch.Tensor):
+    """A tensor that counts the reads that move its values to the host (a sync on a GPU):
+    ``item``, ``tolist``, ``float``/``int``/``bool``, and copies to the CPU (``.cpu()``/``.to``).
+    Results of torch operations on it stay counted tensors (``__torch_function__``); a copy on the
+    host is a plain tensor again (reading it costs nothing more)."""
+
+    reads: list[str] = []
+    HOST = {"item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy"}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in cls.HOST:
+            cls.reads.append(name)
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out.as_subclass(torch.Tensor) if name in ("cpu", "numpy") else out
+
+
+def test_rerank_moves_the_pool_to_the_host_once():
+    """No host sync per pool node (issue 34): ranking and the parent remap are tensor operations;
+    the chosen nodes and the closure check's flags cross to the host in one transfer."""
+    g = torch.Generator().manual_seed(0)
+    p = 60
+    parents = torch.tensor([-1] * 6 + [int(torch.randint(0, i, (), generator=g)) for i in range(6, p)])
+    scores = torch.zeros(p)
+    for i in range(p):  # a child never scores above its parent
+        scores[i] = (scores[parents[i]] if parents[i] >= 0 else 0.0) - float(torch.rand((), generator=g))
+    pool = Pool(scores.as_subclass(HostReads), torch.arange(100, 100 + p).as_subclass(HostReads),
+                parents.as_subclass(HostReads))
+    HostReads.reads = []
+    tree, idx = rerank(pool, pending=1, n=25)
+    assert tree.size == 26 and HostReads.reads == ["cpu"], HostReads.reads  # was one float() per pool node
+    plain, plain_idx = rerank(Pool(scores, torch.arange(100, 100 + p), parents), pending=1, n=25)
+    assert plain.token_list == tree.token_list and plain.parent_list == tree.parent_list
+    order = sorted(range(p), key=lambda i: (-float(scores[i]), i))  # the definition: best n, ties by index
+    assert plain_idx.tolist() == sorted(order[:25])
+
+
 def test_best_size_follows_the_cost_profile():
     probs = torch.tensor([0.9, 0.8, 0.5, 0.05, 0.01])
     flat = CostProfile(qs=(1, 2, 4, 8), seconds=(1.0, 1.0, 1.0, 1.0), key="t", context=0)

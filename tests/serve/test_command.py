@@ -156,6 +156,10 @@ def test_streams_never_split_a_multibyte_character():
 
         def __init__(self):
             self.tokenizer = tokenizer
+            self.saved = 0
+
+        def save_cost_correction(self):  # the engine writes the timings back when it stops
+            self.saved += 1
 
         def steps(self, prompt, chat, **kw):
             state = State()
@@ -175,6 +179,7 @@ def test_streams_never_split_a_multibyte_character():
         while not events or events[-1][0] not in ("done", "error"):
             events.append(await asyncio.wait_for(job.events.get(), 10))
         engine.stop(5)
+        assert engine.generator.saved == 1  # stopping writes the cost correction, once
         return events
 
     events = asyncio.run(run())

@@ -398,6 +398,8 @@ def run_bench(args: BenchOptions) -> int:
             lp.close()
 
     run_load.stop()
+    for g in generators.values():  # the run's verify timings correct the cached cost profiles (next load on)
+        g.save_cost_correction()
     from ..core.cost import threads_hint
 
     records = [r for r in done.values() if r["method"] in names and r["prompt_id"] in {p.id for p in prompts}]

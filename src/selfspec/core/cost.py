@@ -7,7 +7,6 @@ machine in use, cached per model, dtype, device and machine under ``$SELFSPEC_HO
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import math
@@ -30,6 +29,7 @@ PROFILE_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # ``selfspec profile
 MIN_ROUNDS = 3  # measured rounds at least (after one warm-up round); medians of these
 NOISE_RATIO = 0.10  # a later q this much below an earlier q's median (and beyond the spread) is noted
 EMA_ALPHA = 0.1  # weight of a new verify timing in the online average
+PERSIST_EVERY = 32  # verify timings between writes of a corrected profile
 MIN_OBSERVATIONS = 5  # verify timings of a q before its online average counts
 DRIFT_REMEASURE = 0.30  # re-measure on load when the last session's online drift exceeded this
 
@@ -63,27 +63,39 @@ def violations(qs: tuple[int, ...], medians: tuple[float, ...],
 
 
 class OnlineCost:
-    """Exponential moving average, per q, of the verify forwards timed while decoding.
+    """Exponential moving average, per q, of the verify forwards timed while decoding, and the
+    correction of one cached :class:`CostProfile` they imply.
 
-    One per profile key, shared by every :class:`CostProfile` object of that key in the process
-    (drafters deep-copy their profiles; the estimates must not split). The first
-    ``MIN_OBSERVATIONS`` timings of a q start its average at their median, so a cold first
-    forward does not linger in it."""
+    Owned by one generator (no process-wide state): the decode loop feeds it the verify timings it
+    already measures, and the generator writes the corrected profile back at explicit points
+    (:meth:`persist_if_due`, after a request). The profile's ``ratio`` never changes in-process;
+    a correction takes effect from the next load. The first ``MIN_OBSERVATIONS`` timings of a q
+    start its average at their median, so a cold first forward does not linger in it.
 
-    def __init__(self, alpha: float = EMA_ALPHA) -> None:
+    Args:
+        profile: the profile the timings correct.
+        alpha: weight of a new timing in the average.
+    """
+
+    def __init__(self, profile: CostProfile, alpha: float = EMA_ALPHA) -> None:
+        self.profile = profile
         self.alpha = alpha
         self.count: dict[int, int] = {}
         self.ema: dict[int, float] = {}
         self._first: dict[int, list[float]] = {}
         self._lock = threading.Lock()
+        self._unsaved = 0  # timings observed since the last write
 
     def observe(self, q: int, seconds: float) -> None:
+        """Record one verify forward of ``q`` new tokens that took ``seconds`` (wall, synchronised).
+        Cheap; never raises; ignores non-finite or non-positive timings and q < 1."""
         q, seconds = int(q), float(seconds)
         if q < 1 or not math.isfinite(seconds) or seconds <= 0:
             return
         with self._lock:
             n = self.count.get(q, 0) + 1
             self.count[q] = n
+            self._unsaved += 1
             if n <= MIN_OBSERVATIONS:
                 first = self._first.setdefault(q, [])
                 first.append(seconds)
@@ -98,45 +110,56 @@ class OnlineCost:
         with self._lock:
             return {q: self.ema[q] for q in sorted(self.ema) if self.count[q] >= min_count}
 
+    def drift(self, profile: CostProfile | None = None) -> float:
+        """The largest relative difference |EMA - T(q)| / T(q) of ``profile`` (default: the one
+        corrected) over the qs observed at least ``MIN_OBSERVATIONS`` times (0 when none)."""
+        p = profile or self.profile
+        return max((abs(v - p.at(q)) / p.at(q) for q, v in self.estimates().items()), default=0.0)
 
-_ONLINE: dict[str, OnlineCost] = {}  # profile key -> its online estimates
-_TO_PERSIST: dict[str, CostProfile] = {}  # profile key -> the cached profile its estimates correct
-_ATEXIT = False
+    def corrected(self, base: CostProfile | None = None) -> CostProfile:
+        """``base`` (default: the profile corrected) with the online averages (qs observed at least
+        ``MIN_OBSERVATIONS`` times) in place of its raw points, or added as points, then fitted
+        non-decreasing again."""
+        p = base or self.profile
+        est = self.estimates()
+        points = dict(zip(p.qs, p.raw if p.raw is not None else p.seconds))
+        spreads = dict(zip(p.qs, p.spread or (0.0,) * len(p.qs)))
+        for q, v in est.items():
+            points[q], spreads[q] = v, 0.0
+        qs = tuple(sorted(points))
+        raw = tuple(points[q] for q in qs)
+        return replace(p, qs=qs, seconds=tuple(isotonic(raw)), raw=raw, spread=tuple(spreads[q] for q in qs),
+                       last_drift=self.drift(p), source="corrected",
+                       remeasured_for_drift=p.source == "measured" and p.remeasured_for_drift,
+                       observations=tuple((q, self.count[q]) for q in est))
 
+    def persist(self, path: Path | None = None) -> Path | None:
+        """Write :meth:`corrected` to ``path`` (default: where the profile was loaded for, its
+        ``path``), with the drift, when some q has enough timings. The base is the profile cached
+        there now when it has the same key (it may have been measured again, wider, since this one
+        was loaded), else the one corrected. Best effort: returns where it wrote, or None; never
+        raises (a cache that cannot be written is no error)."""
+        try:
+            path = path or self.profile.path
+            if path is None or not self.estimates():
+                return None
+            base = self.profile
+            try:
+                disk = CostProfile.from_json(json.loads(path.read_text()))
+                if disk.key == self.profile.key:
+                    base = disk
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                pass
+            write_profile(self.corrected(base), path)
+            self._unsaved = 0
+            return path
+        except Exception:  # noqa: BLE001 -- best effort by contract
+            return None
 
-def online(key: str) -> OnlineCost:
-    """The process-wide online estimates of profile ``key``."""
-    est = _ONLINE.get(key)
-    if est is None:
-        est = _ONLINE.setdefault(key, OnlineCost())
-    return est
-
-
-def reset_online(key: str | None = None) -> None:
-    """Forget the online estimates (of ``key``, or all): for tests."""
-    for k in [key] if key is not None else list(_ONLINE):
-        _ONLINE.pop(k, None)
-        _TO_PERSIST.pop(k, None)
-
-
-def profile_of(drafter: object) -> CostProfile | None:
-    """The cost profile a drafter sizes its drafts from: an attribute of it, or of one of its
-    attributes (``drafter.budget.profile``, ``drafter.rates.profile``); None when it has none."""
-    values = list(vars(drafter).values()) if hasattr(drafter, "__dict__") else []
-    for v in values:
-        if isinstance(v, CostProfile):
-            return v
-    for v in values:
-        if hasattr(v, "__dict__") and not isinstance(v, (torch.nn.Module, torch.Tensor)):
-            for w in vars(v).values():
-                if isinstance(w, CostProfile):
-                    return w
-    return None
-
-
-def _persist_all() -> None:
-    for prof in list(_TO_PERSIST.values()):
-        prof.persist()
+    def persist_if_due(self, every: int = PERSIST_EVERY) -> Path | None:
+        """:meth:`persist` once ``every`` timings have come in since the last write (the
+        generator calls it after each request)."""
+        return self.persist() if self._unsaved >= every else None
 
 
 @dataclass(frozen=True)
@@ -151,16 +174,17 @@ class CostProfile:
         raw: the medians of the repeats per q before the fit (online averages where corrected).
         spread: max - min of the repeats per q (0 for a q corrected online).
         reps: measured rounds (0: a profile cached before repeats were recorded).
-        last_drift: :meth:`drift` when this profile was written back at exit (0 for a fresh
+        last_drift: :meth:`OnlineCost.drift` when this profile was written back (0 for a fresh
             measurement); ``drift`` in the JSON.
         source: ``measured``, or ``corrected`` (cached T(q) with online averages put in).
         remeasured_for_drift: measured again because the cached profile had drifted (then a
             drift found again is kept, not measured a third time).
         observations: (q, verify timings averaged) of a corrected profile.
-        path: where the process writes it back at exit (not serialised; None: nowhere).
+        path: where a correction of it is written back (not serialised; None: nowhere).
 
-    ``ratio`` reads only this snapshot: the online estimates fed by :meth:`observe` never change
-    draft lengths within a process; they take effect through :meth:`persist` on the next load.
+    ``ratio`` reads only this snapshot: the online estimates of an :class:`OnlineCost` never change
+    draft lengths within a process; they take effect through :meth:`OnlineCost.persist` on the
+    next load.
     """
 
     qs: tuple[int, ...]
@@ -183,62 +207,6 @@ class CostProfile:
     def at(self, q: int) -> float:
         """Interpolated T(q) in seconds (see :meth:`ratio`)."""
         return self.t1 * self.ratio(q)
-
-    def observe(self, q: int, seconds: float) -> None:
-        """Record one verify forward of ``q`` new tokens that took ``seconds`` (wall, synchronised)
-        into the process-wide online average of this profile's key. Cheap; never raises. A profile
-        loaded from the cache is written back, corrected, when the process exits."""
-        online(self.key).observe(q, seconds)
-        if self.path is not None and self.key not in _TO_PERSIST:
-            global _ATEXIT
-            _TO_PERSIST[self.key] = self
-            if not _ATEXIT:
-                _ATEXIT = True
-                atexit.register(_persist_all)
-
-    def drift(self) -> float:
-        """The largest relative difference |EMA - T(q)| / T(q) over the qs observed at least
-        ``MIN_OBSERVATIONS`` times (0 when none)."""
-        est = online(self.key).estimates()
-        return max((abs(v - self.at(q)) / self.at(q) for q, v in est.items()), default=0.0)
-
-    def corrected(self) -> CostProfile:
-        """This profile with the online averages (qs observed at least ``MIN_OBSERVATIONS``
-        times) in place of its raw points, or added as points, then fitted non-decreasing again."""
-        est = online(self.key).estimates()
-        counts = online(self.key).count
-        base = self.raw if self.raw is not None else self.seconds
-        points = dict(zip(self.qs, base))
-        spreads = dict(zip(self.qs, self.spread or (0.0,) * len(self.qs)))
-        for q, v in est.items():
-            points[q], spreads[q] = v, 0.0
-        qs = tuple(sorted(points))
-        raw = tuple(points[q] for q in qs)
-        return replace(self, qs=qs, seconds=tuple(isotonic(raw)), raw=raw, spread=tuple(spreads[q] for q in qs),
-                       last_drift=self.drift(), source="corrected",
-                       remeasured_for_drift=self.source == "measured" and self.remeasured_for_drift,
-                       observations=tuple((q, counts[q]) for q in est))
-
-    def persist(self, path: Path | None = None) -> Path | None:
-        """Write :meth:`corrected` to ``path`` (default: where it was loaded for, see ``path``),
-        with the drift, when some q has enough online timings. The base is the profile cached
-        there now when it has this key (it may have been measured again, wider, since this one
-        was loaded), else this one. Best effort: returns where it wrote, or None; never raises."""
-        try:
-            path = path or self.path
-            if path is None or not online(self.key).estimates():
-                return None
-            base = self
-            try:
-                disk = CostProfile.from_json(json.loads(path.read_text()))
-                if disk.key == self.key:
-                    base = disk
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                pass
-            write_profile(base.corrected(), path)
-            return path
-        except Exception:  # noqa: BLE001 -- at exit, a cache that cannot be written is no error
-            return None
 
     def ratio(self, q: int) -> float:
         """T(q) / T(1), linearly interpolated; extrapolated with the last slope beyond the range."""
@@ -425,7 +393,7 @@ def write_profile(prof: CostProfile, path: Path) -> None:
 
 def _write_path(key: str) -> Path | None:
     """Where the profile of ``key`` is written now (None: nowhere writable), fixed at load so
-    that the exit-time write goes where this process's cache was (tests change the home)."""
+    that a later write-back goes where this process's cache was (tests change the home)."""
     from ..paths import writable_cache_dir
 
     d = writable_cache_dir("profiles")

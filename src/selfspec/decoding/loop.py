@@ -11,7 +11,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
-from ..core.cost import profile_of
+from ..core.cost import OnlineCost
 from ..core.sampling import sample
 from ..core.timing import now
 from ..models.adapter import forward_block
@@ -90,10 +90,12 @@ def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict
 
 
 @torch.inference_mode()
-def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> Iterator[list[int]]:
-    """Decode until a stop condition; yields the token ids committed at each step."""
+def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter,
+        online: OnlineCost | None = None) -> Iterator[list[int]]:
+    """Decode until a stop condition; yields the token ids committed at each step. ``online``
+    receives the time of every verify forward (by its block size), to correct the drafter's cost
+    profile from the next load on."""
     device = next(model.parameters()).device
-    profile = profile_of(drafter)  # verify times correct it online (used from the next load on)
     yield prefill(state, model, drafter)
     while not state.done:
         t0 = now()  # draft time: t0..t1 and t2..t3; verify time: t1..t2 (synced: the device's work)
@@ -107,9 +109,9 @@ def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> Iterato
             raise RuntimeError(f"drafter {drafter.name} proposed a tree whose root is not the pending token")
         t1 = now(device)
         out = verify(state, model, proposal, drafter.needs_hidden)
-        if profile is not None:
+        if online is not None:
             pig = proposal.piggyback
-            profile.observe(tree.size + (pig.tokens.numel() if pig is not None else 0), now(device) - t1)
+            online.observe(tree.size + (pig.tokens.numel() if pig is not None else 0), now(device) - t1)
         verdict = accept(state, proposal, out)
         kv_cache.commit(state.cache, out.base, verdict.accepted_nodes)
         t2 = now(device)

@@ -19,6 +19,7 @@ from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
 
 if TYPE_CHECKING:
+    from ..core.cost import CostProfile
     from .state import DecodeState, VerifyOutput
 
 
@@ -62,11 +63,20 @@ class Drafter(Protocol):
         name: the method name (``selfspec --method NAME``).
         lossless: True when greedy ids and the sampling distribution are provably unchanged.
         needs_hidden: the verify forward must return the target's hidden states.
+        request_state: the attributes that adapt across requests (budget and acceptance
+            estimators, calibration, back-off): what :func:`~selfspec.drafters.base.snapshot_request_state`
+            copies and ``restore_request_state`` puts back; everything else is reset in ``prefill``.
     """
 
     name: str
     lossless: bool
     needs_hidden: bool
+    request_state: tuple[str, ...]
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from, or None. The loop times every verify
+        forward into an :class:`~selfspec.core.cost.OnlineCost` over it (a correction used from
+        the next load on)."""
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         """Called once after the prompt forward (``out`` covers the prompt tokens)."""

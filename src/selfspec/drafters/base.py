@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.acceptance import Verdict
+from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from .spec import ALWAYS, BuildContext, MethodSpec
@@ -32,6 +33,11 @@ class NullDrafter:
     name = "ar"
     lossless = True
     needs_hidden = False
+    request_state = ()  # what adapts across requests (snapshot / restore)
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return None
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass
@@ -51,22 +57,9 @@ AR = MethodSpec("ar", NoOptions, build_ar, True, "plain autoregressive decoding 
                auto=ALWAYS)
 
 
-def _request_state_attrs(drafter) -> list[str]:
-    """Attributes of a drafter that adapt during requests: the budget and acceptance estimators
-    (objects defined in ``selfspec.drafters``, unless their class says ``adapts = False``) and
-    plain numbers. Models, caches, tensors and generators are excluded: drafters reset those in
-    ``prefill``."""
-    names = []
-    for k, v in vars(drafter).items():
-        mod = type(v).__module__ or ""
-        if (mod.startswith("selfspec.drafters") and getattr(v, "adapts", True)) or isinstance(v, (int, float)):
-            names.append(k)
-    return names
-
-
 def snapshot_request_state(drafter) -> dict:
     """A copy of what a drafter learns across requests (see :func:`restore_request_state`)."""
-    return {k: copy.deepcopy(getattr(drafter, k)) for k in _request_state_attrs(drafter)}
+    return {k: copy.deepcopy(getattr(drafter, k)) for k in drafter.request_state}
 
 
 def restore_request_state(drafter, snapshot: dict) -> None:

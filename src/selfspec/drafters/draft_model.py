@@ -14,6 +14,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict
+from ..core.cost import CostProfile
 from ..core.sampling import sample
 from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
@@ -73,6 +74,7 @@ class DraftModelDrafter:
     name = "draft-model"
     lossless = True
     needs_hidden = False
+    request_state = ("budget", "length", "_last_draft_s", "_drafted")  # adapts across requests
 
     def __init__(self, draft: torch.nn.Module, target_vocab: int, budget: ChainBudget,
                  min_confidence: float = 0.0) -> None:
@@ -94,6 +96,10 @@ class DraftModelDrafter:
         self._last_draft_s = 0.0
         self._drafted = 0  # tokens drafted this step (some may not be verified)
         self._confidences: list[float] = []  # their draft confidences
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return self.budget.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         """Run the draft over the prompt now, so each step only catches up on a few tokens and

@@ -109,18 +109,20 @@ def rerank(pool: Pool, pending: int, n: int) -> tuple[DraftTree, torch.Tensor]:
     Returns:
         the tree and ``[n]`` the chosen pool indices in tree order (node ``i + 1``).
     """
-    order = sorted(range(pool.scores.numel()), key=lambda i: (-float(pool.scores[i]), i))
-    chosen = sorted(order[:n])
-    where = {p: t + 1 for t, p in enumerate(chosen)}
-    parents = [-1]
-    for p in chosen:
-        par = int(pool.parents[p])
-        if par >= 0 and par not in where:
-            raise AssertionError("EAGLE-2 rerank: a chosen node's parent was not chosen")
-        parents.append(0 if par < 0 else where[par])
-    idx = torch.tensor(chosen, dtype=torch.long)
-    tokens = torch.cat([torch.tensor([pending]), pool.tokens[idx]])
-    return DraftTree(tokens, torch.tensor(parents, dtype=torch.long)), idx
+    # tensor operations on the pool's device; the tree's one transfer to the host is its own
+    scores = pool.scores
+    order = torch.sort(scores, descending=True, stable=True).indices  # ties: lower pool index first
+    idx = torch.sort(order[:n]).values  # [n] chosen pool indices, in pool order (parents first)
+    where = torch.zeros(scores.numel() + 1, dtype=torch.long, device=scores.device)  # pool index + 1 -> tree node
+    where[idx + 1] = torch.arange(1, idx.numel() + 1, device=scores.device)
+    par = pool.parents[idx]
+    tree_par = where[par + 1]  # children of the root (-1) land on where[0] = 0: the root
+    orphan = (tree_par == 0) & (par >= 0)  # a chosen node whose parent was not chosen
+    host = torch.stack([pool.tokens[idx], tree_par, orphan.long(), idx]).cpu()  # the one transfer
+    if bool(host[2].any()):
+        raise AssertionError("EAGLE-2 rerank: a chosen node's parent was not chosen")
+    tree = DraftTree(torch.cat([torch.tensor([pending]), host[0]]), torch.cat([torch.tensor([-1]), host[1]]))
+    return tree, host[3]
 
 
 def calibrated(path_probs: torch.Tensor, calibration: ConfidenceCalibration | None) -> torch.Tensor:
@@ -156,6 +158,7 @@ class EagleDrafter:
 
     lossless = True
     needs_hidden = True
+    request_state = ("length", "backoff", "calibration", "_drafted")  # what adapts across requests (snapshot / restore)
 
     def __init__(self, name: str, target: torch.nn.Module, head: EagleHead, cfg: EagleConfig,
                  profile: CostProfile | None, source: str = "", lm_head: DraftLMHead | None = None) -> None:
@@ -190,6 +193,10 @@ class EagleDrafter:
         self._drafted = False  # whether this step ran the head
 
     # -- state ---------------------------------------------------------------------------------
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return self.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cache = kv_cache.new_cache(self.head.config)

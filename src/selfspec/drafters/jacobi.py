@@ -20,6 +20,7 @@ import torch
 
 from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
+from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -48,12 +49,17 @@ class JacobiDrafter:
     name = "jacobi"
     lossless = True
     needs_hidden = False
+    request_state = ("budget",)  # what adapts across requests (snapshot / restore)
 
     def __init__(self, cfg: JacobiConfig, budget: ChainBudget) -> None:
         self.cfg = cfg
         self.budget = budget
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.guesses: list[int] = []
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return self.budget.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.generator.manual_seed(self.cfg.seed)

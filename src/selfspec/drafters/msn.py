@@ -182,6 +182,7 @@ class MsnDrafter:
     name = "msn"
     lossless = True
     needs_hidden = False
+    request_state = ("rates",)  # what adapts across requests (snapshot / restore)
 
     def __init__(self, cfg: MsnConfig, profile: CostProfile | None) -> None:
         self.cfg = cfg
@@ -191,6 +192,10 @@ class MsnDrafter:
         self.topk: list[list[int]] = []  # [depth - 1] -> up to TOP_K tokens from the last step
         self.nodes: list[int] = []  # template nodes verified in the current step
         self.index: list[int] = []  # their tree nodes
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return self.rates.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.generator.manual_seed(self.cfg.seed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.acceptance import Verdict
+from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -55,10 +56,15 @@ class PromptLookupDrafter:
     name = "pld"
     lossless = True
     needs_hidden = False
+    request_state = ("budget",)  # what adapts across requests (snapshot / restore)
 
     def __init__(self, cfg: PromptLookupConfig, budget: ChainBudget) -> None:
         self.cfg = cfg
         self.budget = budget
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return self.budget.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass

@@ -18,6 +18,7 @@ import random
 import torch
 
 from ..core.acceptance import Verdict
+from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -27,6 +28,7 @@ class ScriptedDrafter:
     name = "scripted"
     lossless = True
     needs_hidden = False
+    request_state = ()  # what adapts across requests (snapshot / restore)
 
     def __init__(self, script: list[int], k: int, correct: int, vocab_size: int, tree: bool = False,
                  accept_prob: float | None = None, seed: int = 0) -> None:
@@ -50,6 +52,10 @@ class ScriptedDrafter:
         self.tree = tree
         self.accept_prob = accept_prob
         self.rng = random.Random(seed)
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return None
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass

@@ -169,6 +169,7 @@ class SdsatDrafter:
     """
 
     needs_hidden = False
+    request_state = ("budget", "k")  # what adapts across requests (snapshot / restore)
 
     def __init__(self, name: str, lossless: bool, adaptive_ids: list[int], cfg: SdsatConfig,
                  profile: CostProfile | None, prior: list[float] | None = None) -> None:
@@ -181,6 +182,10 @@ class SdsatDrafter:
         self.budget = PositionalAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
         self.drafts: torch.Tensor | None = None  # [k, V] piggyback logits of the last draft step
         self.k = 0
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return self.budget.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.drafts = None

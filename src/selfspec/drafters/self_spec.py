@@ -31,6 +31,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict
+from ..core.cost import CostProfile
 from ..core.sampling import sample
 from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
@@ -149,6 +150,7 @@ class SelfSpecDrafter:
     name = "self-spec"
     lossless = True
     needs_hidden = False
+    request_state = ("budget", "gamma", "_drafted", "_last_draft_s")  # what adapts across requests (snapshot / restore)
 
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
@@ -181,6 +183,10 @@ class SelfSpecDrafter:
         self._drafted = 0
         self._confidences: list[float] = []
         self._last_draft_s = 0.0
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return self.budget.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.gamma.new_prompt()

@@ -106,6 +106,7 @@ class SpaceDrafter:
     """
 
     needs_hidden = False
+    request_state = ("budget",)  # what adapts across requests (snapshot / restore)
 
     def __init__(self, name: str, lossless: bool, mask_id: int, cfg: SpaceConfig, profile: CostProfile | None,
                  prior: list[float] | None = None) -> None:
@@ -116,6 +117,10 @@ class SpaceDrafter:
         self.budget = SpaceAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
         self.cands: list[int] = []  # candidates for the next step
         self.probs: torch.Tensor | None = None  # [len(cands), V] their warped draft distributions
+
+    def cost_profile(self) -> CostProfile | None:
+        """The verify-cost profile it sizes drafts from (None: none)."""
+        return self.budget.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cands, self.probs = [], None

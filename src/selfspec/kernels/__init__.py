@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import SelfspecError
 from .backends import use_backend
-from .swap import current_backend, release_originals, restore_linears
+from .swap import KernelState, current_backend, release_originals, released, restore_linears
 
 KERNELS = ("auto", "stock", "onednn", "int8")
 
@@ -28,16 +28,18 @@ def default_kernels() -> str:
     return value
 
 
-def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", keep: bool = False) -> str:
+def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", keep: bool = False,
+                  state: KernelState | None = None) -> str:
     """Put ``model``'s linear layers on backend ``kernels``; returns the backend now in use.
 
     ``auto`` resolves to a concrete fp32 backend (see :mod:`selfspec.kernels.auto`). With
     ``keep``, converted layers stay cached so switching back is instant (the benchmark does
-    this to interleave backends); otherwise layers of other backends are freed.
+    this to interleave backends); otherwise layers of other backends are freed. ``state``: the
+    model's :class:`KernelState` (``LoadedModel.kernel_state``), where switches are remembered.
     """
     if kernels not in KERNELS:
         raise SelfspecError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
-    if model.__dict__.get("_selfspec_released"):
+    if released(model):
         if kernels == current_backend(model):
             return kernels
         raise SelfspecError(f"{model_name} was loaded for {current_backend(model)} kernels only (its fp32 weights "
@@ -45,9 +47,10 @@ def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", kee
     if kernels == "auto":
         from .auto import choose
 
-        kernels = choose(model, model_name)
-    use_backend(model, kernels, keep)
+        kernels = choose(model, model_name, state)
+    use_backend(model, kernels, keep, state)
     return kernels
 
 
-__all__ = ["KERNELS", "apply_kernels", "default_kernels", "current_backend", "release_originals", "restore_linears"]
+__all__ = ["KERNELS", "KernelState", "apply_kernels", "default_kernels", "current_backend", "release_originals",
+           "released", "restore_linears"]

@@ -22,7 +22,7 @@ from torch import nn
 from ..core.cost import measure, profile_key, profile_path, save_cache
 from .backends import use_backend
 from .onednn import available as onednn_available
-from .swap import current_backend
+from .swap import KernelState, current_backend, released
 
 ROUNDS = 3
 
@@ -30,7 +30,7 @@ ROUNDS = 3
 def candidates(model: nn.Module) -> list[str]:
     """The fp32 (lossless) backends that can run this model here (only its current one where its
     fp32 weights were released)."""
-    if model.__dict__.get("_selfspec_released"):
+    if released(model):
         return [current_backend(model)]
     p = next(model.parameters())
     out = ["stock"]
@@ -45,8 +45,10 @@ def quick_cost(model: nn.Module, model_name: str) -> float:
     return sum(prof.seconds)
 
 
-def choose(model: nn.Module, model_name: str) -> str:
-    """The backend with the lowest :func:`quick_cost`; cached per model and machine."""
+def choose(model: nn.Module, model_name: str, state: KernelState | None = None) -> str:
+    """The backend with the lowest :func:`quick_cost`; cached per model and machine. ``state``:
+    the model's kernel state (a private one when None)."""
+    state = state if state is not None else KernelState()
     cands = candidates(model)
     if len(cands) == 1:
         return cands[0]
@@ -63,9 +65,9 @@ def choose(model: nn.Module, model_name: str) -> str:
     samples: dict[str, list[float]] = {name: [] for name in cands}
     for _ in range(ROUNDS):  # interleaved, so a change of machine load hits every candidate alike
         for name in cands:  # each candidate as it would run: its layers and its attention function
-            use_backend(model, name, keep=True)
+            use_backend(model, name, keep=True, state=state)
             samples[name].append(quick_cost(model, model_name))
-    use_backend(model, "stock")  # frees the kept copies
+    use_backend(model, "stock", state=state)  # frees the kept copies
     costs = {name: statistics.median(v) for name, v in samples.items()}
     choice = min(costs, key=costs.get)
     print(f"selfspec: {choice} kernels are the fastest here ("

@@ -13,20 +13,21 @@ from .int8 import Int8Linear
 from .int8 import apply as apply_int8
 from .onednn import OneDNNLinear
 from .onednn import apply as apply_onednn
-from .swap import SwappedLinear, original_of, restore_attention, restore_linears, swap_linears
+from .swap import KernelState, SwappedLinear, original_of, restore_attention, restore_linears, swap_linears
 
 
-def use_backend(model: nn.Module, kernels: str, keep: bool = False) -> None:
+def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: KernelState | None = None) -> None:
     """Put ``model``'s linear layers (and attention function) on concrete backend ``kernels``.
 
-    With ``keep``, converted layers stay cached so switching back is instant; otherwise layers of
+    ``state`` (the model's :class:`KernelState`) remembers what switching back needs. With
+    ``keep``, converted layers stay cached there so switching back is instant; otherwise layers of
     other backends are freed."""
-    restore_linears(model, forget=not keep)
-    restore_attention(model)
+    restore_linears(model, forget=not keep, state=state)
+    restore_attention(model, state)
     if kernels == "onednn":
-        apply_onednn(model, keep)
+        apply_onednn(model, keep, state)
     elif kernels == "int8":
-        apply_int8(model, keep)
+        apply_int8(model, keep, state)
 
 
 def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:

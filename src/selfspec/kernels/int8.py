@@ -27,7 +27,7 @@ from torch import nn
 
 from ..errors import SelfspecError
 from .rowwise_attention import NAME as ROWWISE_ATTENTION
-from .swap import SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
+from .swap import KernelState, SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
 QMAX = 127.0  # weights: symmetric 8 bits
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -300,7 +300,7 @@ class Int8GroupMember(SwappedLinear):
         return self.group.output(x, self.index)
 
 
-def apply(model: nn.Module, keep: bool = False) -> None:
+def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> None:
     """Swap every linear layer of ``model`` (the LM head too) for int8: sibling groups for
     ``q/k/v_proj`` and ``gate/up_proj``, :class:`Int8Linear` for the rest."""
     p = next(model.parameters())
@@ -316,17 +316,17 @@ def apply(model: nn.Module, keep: bool = False) -> None:
             originals = [original_of(x) for x in layers]
             if len({o.in_features for o in originals}) != 1:
                 continue
-            kept = originals[0].__dict__.get("_selfspec_kept", {})
-            members = kept.get(Int8GroupMember)
+            kept = state.kept if state is not None else {}
+            members = kept.get((id(originals[0]), Int8GroupMember))
             if members is None:
                 group = Int8Group(originals)
                 members = [Int8GroupMember(o, group, i) for i, o in enumerate(originals)]
                 if keep:
-                    originals[0].__dict__.setdefault("_selfspec_kept", {})[Int8GroupMember] = members
+                    kept[(id(originals[0]), Int8GroupMember)] = members
             for n, m in zip(names, members):
                 setattr(parent, n, m)
                 grouped.add(id(m))
     rest = [child for _, _, child in linear_layers(model) if id(child) not in grouped]
     if rest:
-        swap_linears(model, Int8Linear, keep, only={id(c) for c in rest})
-    use_attention(model, ROWWISE_ATTENTION)
+        swap_linears(model, Int8Linear, keep, only={id(c) for c in rest}, state=state)
+    use_attention(model, ROWWISE_ATTENTION, state)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import SelfspecError
-from .swap import SwappedLinear, flatten, swap_linears, use_attention
+from .swap import KernelState, SwappedLinear, flatten, swap_linears, use_attention
 
 
 def available(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -46,14 +46,14 @@ class OneDNNLinear(SwappedLinear):
         return y.reshape(*lead, self.out_features)
 
 
-def apply(model: nn.Module, keep: bool = False) -> None:
+def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> None:
     """Swap every linear layer of ``model`` for :class:`OneDNNLinear`."""
     p = next(model.parameters())
     reason = available(p.device, p.dtype)
     if reason:
         raise SelfspecError(reason)
-    swap_linears(model, OneDNNLinear, keep)
+    swap_linears(model, OneDNNLinear, keep, state=state)
     if model.config._attn_implementation == "sdpa":
         from .gqa_attention import NAME
 
-        use_attention(model, NAME)
+        use_attention(model, NAME, state)

@@ -5,9 +5,25 @@ signature works. Each replacement keeps the original layer so the swap can be un
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+
+@dataclass
+class KernelState:
+    """What a model's kernel swaps remember, held by its :class:`~selfspec.models.loading.LoadedModel`
+    (nothing is written onto the user's module).
+
+    Attributes:
+        kept: replacements kept for instant switching back, by (``id`` of the original layer, maker).
+        attn_before: the attention function the model had before a backend switched it (None: not
+            switched).
+    """
+
+    kept: dict[tuple[int, object], nn.Module] = field(default_factory=dict)
+    attn_before: str | None = None
 
 
 class SwappedLinear(nn.Module):
@@ -47,53 +63,56 @@ def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
 
 
 def swap_linears(model: nn.Module, make: Callable[[nn.Linear], SwappedLinear], keep: bool = False,
-                 only: set[int] | None = None) -> int:
+                 only: set[int] | None = None, state: KernelState | None = None) -> int:
     """Replace every linear layer (or those whose ``id`` is in ``only``) by ``make(original)``;
     returns how many were replaced.
 
-    With ``keep``, the replacement is remembered on the original layer and reused next time
-    (switching backends back and forth is then free, at the memory cost of both copies).
+    With ``keep`` (and a ``state`` to keep them in), the replacement is remembered and reused
+    next time (switching backends back and forth is then free, at the memory cost of both copies).
     """
+    kept = state.kept if state is not None else {}
     n = 0
     for parent, name, child in linear_layers(model):
         if only is not None and id(child) not in only:
             continue
         original = original_of(child)
-        kept: dict = original.__dict__.setdefault("_selfspec_kept", {})
-        layer = kept.get(make)
+        layer = kept.get((id(original), make))
         if layer is None:
             layer = make(original)
             if keep:
-                kept[make] = layer
+                kept[(id(original), make)] = layer
         setattr(parent, name, layer)
         n += 1
     return n
 
 
-def restore_linears(model: nn.Module, forget: bool = False) -> None:
+def restore_linears(model: nn.Module, forget: bool = False, state: KernelState | None = None) -> None:
     """Undo :func:`swap_linears`: put the original ``nn.Linear`` layers back.
 
-    ``forget`` also drops replacements kept with ``swap_linears(..., keep=True)``.
+    ``forget`` also drops the replacements ``state`` kept (``swap_linears(..., keep=True)``).
     """
+    if forget and state is not None:
+        state.kept.clear()
     for parent, name, child in linear_layers(model):
         original = original_of(child)
-        if forget:
-            original.__dict__.pop("_selfspec_kept", None)
         if child is not original:
             setattr(parent, name, original)
 
 
-def use_attention(model: nn.Module, name: str) -> None:
-    """Switch the model's attention function to ``name`` (a backend's own), remembering the
-    one it had so :func:`restore_attention` can put it back."""
-    model.__dict__.setdefault("_selfspec_attn_before", model.config._attn_implementation)
+def use_attention(model: nn.Module, name: str, state: KernelState | None = None) -> None:
+    """Switch the model's attention function to ``name`` (a backend's own), remembering in
+    ``state`` the one it had so :func:`restore_attention` can put it back."""
+    if state is not None and state.attn_before is None:
+        state.attn_before = model.config._attn_implementation
     if model.config._attn_implementation != name:
         model.set_attn_implementation(name)
 
 
-def restore_attention(model: nn.Module) -> None:
+def restore_attention(model: nn.Module, state: KernelState | None = None) -> None:
     """Undo :func:`use_attention` (no-op if no backend switched it)."""
-    before = model.__dict__.pop("_selfspec_attn_before", None)
+    before = state.attn_before if state is not None else None
+    if state is not None:
+        state.attn_before = None
     if before is not None and model.config._attn_implementation != before:
         model.set_attn_implementation(before)
 
@@ -123,5 +142,11 @@ def release_originals(model: nn.Module) -> int:
             w = child.original.weight
             freed += w.numel() * w.element_size()
             child.original.weight = nn.Parameter(torch.empty(0, dtype=w.dtype, device=w.device), requires_grad=False)
-    model.__dict__["_selfspec_released"] = True
     return freed
+
+
+def released(model: nn.Module) -> bool:
+    """Whether :func:`release_originals` freed the fp32 weights behind this model's swapped layers
+    (read from the layers themselves: an empty original weight)."""
+    return any(isinstance(child, SwappedLinear) and child.original.weight.numel() == 0
+               for _, _, child in linear_layers(model))

@@ -16,7 +16,7 @@ from torch import nn
 from ..errors import SelfspecError
 from .bf16 import apply as apply_bf16
 from .int8 import apply as apply_int8
-from .swap import linear_layers, original_of
+from .swap import linear_layers, original_of, released
 
 DRAFT_KERNELS = ("same", "int8", "bf16")
 MEMORY_COST = {"same": 0.0, "int8": 0.25, "bf16": 0.5}  # extra memory, as a share of the fp32 weights
@@ -45,7 +45,7 @@ class LinearSwitch:
     def __init__(self, model: nn.Module, kernels: str) -> None:
         if kernels not in DRAFT_KERNELS or kernels == "same":
             raise SelfspecError(f"draft kernels {kernels!r}: use int8 or bf16 (or same for the verify backend's)")
-        if model.__dict__.get("_selfspec_released"):
+        if released(model):
             raise SelfspecError("this model's fp32 weights were released; load it again to draft on other kernels")
         self.model = model
         self.kernels = kernels

@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..errors import SelfspecError
+from ..kernels.swap import KernelState
 from ..paths import selfspec_home
 from . import bundled
 
@@ -34,6 +35,8 @@ class LoadedModel:
         path: the local directory the weights came from (None for a hub id).
         backend: the linear-layer kernels in use (``stock``, ``onednn`` or ``int8``; see
             :mod:`selfspec.kernels`). ``int8`` is a quantised model.
+        kernel_state: what kernel switches remember (kept layers, the attention function before),
+            kept here rather than on the model.
     """
 
     model: torch.nn.Module
@@ -41,12 +44,13 @@ class LoadedModel:
     name: str
     path: Path | None
     backend: str = "stock"
+    kernel_state: KernelState = field(default_factory=KernelState, repr=False)
 
     def use_kernels(self, kernels: str, keep: bool = False) -> str:
         """Switch this model's linear layers to ``kernels`` (in place); returns the backend."""
         from ..kernels import apply_kernels
 
-        self.backend = apply_kernels(self.model, kernels, self.name, keep)
+        self.backend = apply_kernels(self.model, kernels, self.name, keep, self.kernel_state)
         return self.backend
 
     @property

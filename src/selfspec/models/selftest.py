@@ -93,7 +93,9 @@ def keep_int8_promise(target, probe: Callable[[torch.nn.Module], float] | None =
     worst = probe(target.model)
     if worst == 0.0:
         return "int8"
-    if target.model.__dict__.get("_selfspec_released"):
+    from ..kernels.swap import released
+
+    if released(target.model):
         raise SelfspecError(f"int8 verify rows are not bit-identical to one-token decoding on this CPU (logits differ "
                             f"by up to {worst:.3g}) and the fp32 weights were released; load the model again without "
                             "releasing them, or use --kernels stock")

@@ -189,6 +189,8 @@ class Engine:
         self.drain()
         self._queue.put(None)
         self._thread.join(timeout)
+        if self.generator is not None and not self._thread.is_alive():
+            self.generator.save_cost_correction()  # what the served requests' timings measured
 
     # -- the worker --------------------------------------------------------------------------
     def _work(self) -> None:
