@@ -26,7 +26,7 @@ from pathlib import Path
 
 import selfspec
 from selfspec.bench.datasets import humaneval, mt_bench
-from selfspec.core.cost import cpu_flags
+from selfspec.core.machine import cpu_flags
 
 CASES = {  # method -> (model, options that force drafting every step)
     "hass": ("smollm2-135m-instruct", {"backoff": False}),

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from selfspec.core.cost import cpu_flags
+    from selfspec.core.machine import cpu_flags
     from selfspec.models import bundled
 
     path = str(bundled.pull(args.model))

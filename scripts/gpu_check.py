@@ -138,7 +138,7 @@ def section_env(args) -> dict:
                                        text=True).stdout.strip() or None
     except OSError:
         out["commit"] = None
-    from selfspec.core.cost import cpu_flags
+    from selfspec.core.machine import cpu_flags
 
     out["cpu_flags"] = cpu_flags()
     return out

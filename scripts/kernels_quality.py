@@ -40,7 +40,7 @@ def main() -> None:
               f"{res.top1_agree if res.top1_agree is not None else '-'}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            from selfspec.core.cost import cpu_flags
+            from selfspec.core.machine import cpu_flags
             from selfspec.kernels.int8 import activation_bits, cpu_int8_path
 
             json.dump({"model": args.model, "texts": len(texts), "backends": results, "cpu_flags": cpu_flags(),

@@ -31,7 +31,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
-from .core.cost import LoadMonitor, profile_key, profile_path, save_cache
+from .core.cost import profile_key, profile_path, save_cache
+from .core.machine import LoadMonitor
 from .drafters.spec import AutoContext, MethodSpec
 from .errors import SelfspecError
 from .models.loading import LoadedModel

@@ -278,7 +278,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ar.generate(prompt, **warm)
     spec.generate(prompt, **warm)
     hf_generate(8)
-    from .core.cost import LoadMonitor
+    from .core.machine import LoadMonitor
 
     with LoadMonitor() as load:  # was the machine busy before or during the timed runs?
         runs: list[tuple] = [(ar.generate(prompt, **kw), spec.generate(prompt, **kw),

@@ -33,7 +33,7 @@ def finished_run(tiny_dir, dataset, tmp_path):
 
 
 def test_records_carry_commit_command_date_and_machine(tiny_dir, dataset, finished_run):
-    from selfspec.core.cost import cpu_flags, machine_id
+    from selfspec.core.machine import cpu_flags, machine_id
 
     commit, dirty = source_revision()
     records = records_of(finished_run)
@@ -85,10 +85,10 @@ def test_resume_refuses_another_prompt_set(tiny_dir, dataset, finished_run, tmp_
 
 
 def test_resume_refuses_another_machine(tiny_dir, dataset, finished_run, monkeypatch, capsys):
-    from selfspec.core import cost
+    from selfspec.core import machine
 
-    monkeypatch.setattr(cost, "machine_id", lambda: "Intel Xeon|threads=2|torch=2.9")
-    monkeypatch.setattr(cost, "cpu_flags", lambda: "avx2+avx512f+amx_int8")
+    monkeypatch.setattr(machine, "machine_id", lambda: "Intel Xeon|threads=2|torch=2.9")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: "avx2+avx512f+amx_int8")
     capsys.readouterr()
     assert main(bench_args(tiny_dir, dataset, finished_run, "--resume")) == 2
     err = capsys.readouterr().err

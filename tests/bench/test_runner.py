@@ -138,7 +138,7 @@ def test_auto_kernels_are_chosen_as_generate_chooses_them(tiny_dir, dataset, tmp
 
 
 def test_contended_runs_are_recorded_and_flagged(tiny_dir, dataset, tmp_path, monkeypatch, capsys):
-    from selfspec.core.cost import LoadMonitor
+    from selfspec.core.machine import LoadMonitor
 
     out = tmp_path / "quiet"
     monkeypatch.setattr(LoadMonitor, "contended", property(lambda self: False))

@@ -3,24 +3,17 @@ for the rules, one real reading, and the demo's one-line note."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-import selfspec.core.cost as cost
-from selfspec.core.cost import LoadMonitor
-
-
-def fake_samples(monkeypatch, *samples):
-    """``_sample`` returns these (wall, own cpu s, (busy s, steal s) | None, load) in turn."""
-    it = iter(samples)
-    monkeypatch.setattr(cost, "_sample", lambda cpus, helpers=(): next(it))
+from selfspec.core import machine
+from selfspec.core.machine import LoadMonitor
 
 
 def monitor(monkeypatch, *samples, threads=2, cores=2):
-    fake_samples(monkeypatch, *samples)
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    m = LoadMonitor(threads=threads)
+    """A monitor whose injected sampler returns these (wall, own cpu s, (busy s, steal s) | None,
+    load) in turn, on a machine of ``cores`` CPUs."""
+    it = iter(samples)
+    m = LoadMonitor(threads=threads, sampler=lambda cpus, helpers=(): next(it), machine_cores=cores)
     m.cores = cores
     with m:
         pass
@@ -62,7 +55,7 @@ def test_load_average_beyond_our_threads_contends(monkeypatch):
 
 
 def test_short_runs_are_judged_by_the_load_average(monkeypatch):
-    # 0.1 s: ten /proc/stat ticks at most, too coarse to blame other processes
+    # 0.1 s: ten CPU-time ticks at most, too coarse to blame other processes
     m = monitor(monkeypatch, (0.0, 0.0, (100.0, 0.0), 1.0), (0.1, 0.0, (100.2, 0.0), 1.0))
     assert m.others_share == pytest.approx(1.0) and not m.contended
 
@@ -104,11 +97,11 @@ def test_worker_processes_cpu_time_counts_as_ours():
                                "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout.readline().strip() == "done"  # it has burnt 0.4 s of CPU and now sleeps
-        assert cost._process_cpu(worker.pid) >= 0.35
-        alone, with_worker = cost._sample(None)[1], cost._sample(None, (worker.pid,))[1]
+        assert machine.process_cpu(worker.pid) >= 0.35
+        alone, with_worker = machine.sample(None)[1], machine.sample(None, (worker.pid,))[1]
         assert with_worker - alone >= 0.35
         assert LoadMonitor(helpers=(worker.pid,)).helpers == (worker.pid,)
     finally:
         worker.kill()
         worker.wait()
-    assert cost._process_cpu(worker.pid) == 0.0  # gone: unreadable counts nothing
+    assert machine.process_cpu(worker.pid) == 0.0  # gone: unreadable counts nothing

@@ -70,7 +70,7 @@ class Provenance:
     @classmethod
     def here(cls, command: list[str] | tuple[str, ...]) -> Provenance:
         """The provenance of this process: source revision, ``command``, machine and CPU flags."""
-        from ..core.cost import cpu_flags, machine_id
+        from ..core.machine import cpu_flags, machine_id
 
         commit, dirty = source_revision()
         return cls(commit, dirty, tuple(command), machine_id(), cpu_flags())

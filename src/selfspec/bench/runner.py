@@ -129,7 +129,7 @@ def environment() -> dict:
     ``dirty``: tracked files differ from it, None when unknown)."""
     import transformers
 
-    from ..core.cost import cpu_flags, machine_id
+    from ..core.machine import cpu_flags, machine_id
 
     commit, dirty = source_revision()
     return {"machine": machine_id(), "python": platform.python_version(), "torch": torch.__version__,
@@ -347,7 +347,7 @@ def run_bench(args: BenchOptions) -> int:
     names = list(generators) + peers
     todo = [(rep, pr, n) for rep in range(args.repeats) for pr in prompts for n in names
             if (pr.id, n, rep) not in done]
-    from ..core.cost import LoadMonitor
+    from ..core.machine import LoadMonitor
 
     run_load = LoadMonitor().start()  # the whole timed part; each record also gets its own
     try:
@@ -400,7 +400,7 @@ def run_bench(args: BenchOptions) -> int:
     run_load.stop()
     for g in generators.values():  # the run's verify timings correct the cached cost profiles (next load on)
         g.save_cost_correction()
-    from ..core.cost import threads_hint
+    from ..core.machine import threads_hint
 
     records = [r for r in done.values() if r["method"] in names and r["prompt_id"] in {p.id for p in prompts}]
     busy = sum(1 for r in records if r.get("contended"))

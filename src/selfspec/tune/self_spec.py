@@ -12,7 +12,8 @@ import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.cost import load_or_measure, machine_id
+from ..core.cost import load_or_measure
+from ..core.machine import machine_id
 from ..drafters.self_spec import DRAFT_EXITS, draft_parts
 from ..drafters.skip_config import GammaSettings, SkipConfig, config_hash, user_config_path
 from ..errors import SelfspecError
