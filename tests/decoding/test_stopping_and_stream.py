@@ -78,3 +78,39 @@ def test_sampling_does_not_touch_global_rng(tiny_dir):
     torch.manual_seed(0)
     g.generate("w1 w2", max_new_tokens=10, temperature=1.0, chat=False)
     assert torch.equal(torch.rand(1), before)
+
+
+class CountingTokenizer:
+    """A tokenizer whose ``decode`` counts the ids it is given (the work of detokenizing)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.decoded = inner, 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.decoded += len(ids)
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_detokenizer_and_stop_check_are_linear_and_exact():
+    """Streaming n tokens one at a time decodes O(n) ids in all (was O(n^2)), the pieces join to
+    the whole text, and the stop check finds the token that completes a stop string."""
+    from selfspec.decoding.text import IncrementalDetokenizer, make_stop_check
+
+    from ..conftest import make_tokenizer
+
+    base = make_tokenizer()
+    ids = [5 + (i * 7) % (VOCAB - 10) for i in range(600)]
+    tok = CountingTokenizer(base)
+    detok = IncrementalDetokenizer(tok)
+    pieces = [detok.push([t]) for t in ids]
+    assert "".join(pieces) == base.decode(ids, skip_special_tokens=True)
+    assert tok.decoded < 30 * len(ids)  # a window per push, not the whole text (600 x 300 = 180,000)
+    full = base.decode(ids, skip_special_tokens=False)
+    stop = base.decode(ids[400:402], skip_special_tokens=False)
+    want = next(t for t in range(1, len(ids) + 1) if stop in base.decode(ids[:t], skip_special_tokens=False))
+    assert stop in full
+    tok2 = CountingTokenizer(base)
+    check = make_stop_check(tok2, [stop])
+    found = next((r for n in range(1, len(ids) + 1) if (r := check(ids[:n])) is not None), None)
+    assert found == want
+    assert tok2.decoded < 60 * len(ids) * max(1, len(stop) // 4)

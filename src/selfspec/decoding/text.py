@@ -52,20 +52,31 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int] | Sequence[dict], chat:
 
 
 def make_stop_check(tokenizer, stops: Sequence[str]) -> Callable[[list[int]], int | None] | None:
-    """A function of the generated ids returning how many to keep when a stop string appeared
-    (the tokens up to and including the one that completes it), else None."""
+    """A function of the generated ids (one request's, growing) returning how many to keep when a
+    stop string appeared (the tokens up to and including the one that completes it), else None.
+
+    O(n) over a request: each call decodes only a window of the latest tokens, wide enough to
+    hold any stop string (a character spans at most 4 byte-level tokens, a token at least one
+    character otherwise), after the tokens already found to complete none."""
     if not stops:
         return None
     if tokenizer is None:
         raise SelfspecError("stop strings need a tokenizer; this model has none")
+    reach = 4 * max(len(s) for s in stops) + 4  # tokens a stop string can span, at most
+    clear = [0]  # leading tokens known to complete no stop string (this request's)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)
 
     def check(generated: list[int]) -> int | None:
-        text = tokenizer.decode(generated, skip_special_tokens=False)
-        if not any(s in text for s in stops):
+        if clear[0] > len(generated):  # a new request reusing the check: start over
+            clear[0] = 0
+        start = max(0, clear[0] - reach)
+        if not any(s in decode(generated[start:]) for s in stops):
+            clear[0] = len(generated)
             return None
-        for t in range(1, len(generated) + 1):
-            piece = tokenizer.decode(generated[:t], skip_special_tokens=False)
-            if any(s in piece for s in stops):
+        for t in range(max(clear[0], start) + 1, len(generated) + 1):
+            if any(s in decode(generated[start:t]) for s in stops):
                 return t
         return len(generated)
 
@@ -73,21 +84,32 @@ def make_stop_check(tokenizer, stops: Sequence[str]) -> Callable[[list[int]], in
 
 
 class IncrementalDetokenizer:
-    """Turns a growing list of ids into text pieces; holds back incomplete UTF-8 characters."""
+    """Turns a growing list of ids into text pieces; holds back incomplete UTF-8 characters.
+
+    O(n) over a request: each push decodes only the ids from ``prefix`` on (a few tokens before
+    the ones not yet shown, so that a tokenizer's leading-space rule for the window's first token
+    cancels out between the two decodes) rather than the whole text."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.emitted = ""
+        self.prefix = 0  # the decode window starts here
+        self.read = 0  # ids before this are shown
 
     def push(self, new: list[int]) -> str:
         self.ids.extend(new)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        shown = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
+        text = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=True)
+        if len(text) <= len(shown) or text.endswith("\ufffd") or not text.startswith(shown):
+            if not text.startswith(shown) and not text.endswith("\ufffd"):  # a window that decodes otherwise
+                full_shown = self.tokenizer.decode(self.ids[:self.read], skip_special_tokens=True)
+                full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+                if len(full) > len(full_shown) and full.startswith(full_shown):
+                    self.prefix, self.read = max(0, self.read - 4), len(self.ids)
+                    return full[len(full_shown):]
             return ""
-        piece = text[len(self.emitted) :] if text.startswith(self.emitted) else text
-        self.emitted = text
-        return piece
+        self.prefix, self.read = max(self.prefix, self.read - 4), len(self.ids)
+        return text[len(shown):]
 
 
 def text_before_stop(text: str, stops: Sequence[str]) -> str:
