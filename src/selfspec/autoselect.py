@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
+from .core import cost
 from .core.cost import profile_key, profile_path, save_cache
 from .core.machine import LoadMonitor
 from .drafters.spec import AutoContext, MethodSpec
@@ -383,15 +384,15 @@ def cache_path(target: LoadedModel, cands: Sequence[Candidate]) -> Path:
 def read_cache(path: Path, cands: Sequence[Candidate]) -> Choice | None:
     """The cached choice, or None when missing, corrupt or naming no current candidate."""
     by_label = {c.label: c for c in cands}
-    try:
-        d = json.loads(path.read_text())
+
+    def parse(d: dict) -> Choice | None:
         label, table, pruned, busy = d["choice"], d["table"], d["pruned"], d["busy"]
         if label not in by_label or not isinstance(busy, bool):
             return None
         return Choice(by_label[label], {str(k): float(v) for k, v in table.items()},
                       {str(k): float(v) for k, v in pruned.items()}, cached=True, busy=busy)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-        return None
+
+    return cost.read_cache(path, parse)
 
 
 def machine_busy() -> bool:

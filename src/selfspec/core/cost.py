@@ -14,8 +14,10 @@ import os
 import statistics
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -23,6 +25,7 @@ from . import kv_cache
 from .machine import machine_id
 from .timing import Stopwatch
 
+T = TypeVar("T")
 DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 PROFILE_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # ``selfspec profile``, capped at --max-q
 MIN_ROUNDS = 3  # measured rounds at least (after one warm-up round); medians of these
@@ -142,13 +145,8 @@ class OnlineCost:
             path = path or self.profile.path
             if path is None or not self.estimates():
                 return None
-            base = self.profile
-            try:
-                disk = CostProfile.from_json(json.loads(path.read_text()))
-                if disk.key == self.profile.key:
-                    base = disk
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                pass
+            disk = read_cache(path, CostProfile.from_json)
+            base = disk if disk is not None and disk.key == self.profile.key else self.profile
             write_profile(self.corrected(base), path)
             self._unsaved = 0
             return path
@@ -313,13 +311,24 @@ def load_or_measure(model: torch.nn.Module, model_name: str, backend: str = "sto
     return prof
 
 
+CORRUPT = (OSError, ValueError, KeyError, TypeError, AttributeError)  # what a missing or corrupt cache raises
+
+
+def read_cache(path: Path, parse: Callable[[Any], T]) -> T | None:
+    """``parse`` of the JSON cache file at ``path``; None when it is missing, unreadable or corrupt
+    (invalid JSON, or a shape ``parse`` rejects by raising one of :data:`CORRUPT`): the one reader
+    of every run-time cache, so a corrupt file is measured again, never trusted, and nothing else
+    is swallowed."""
+    try:
+        return parse(json.loads(path.read_text()))
+    except CORRUPT:  # JSONDecodeError is a ValueError
+        return None
+
+
 def read_cached(key: str) -> CostProfile | None:
     """The cached profile of ``key``; None when missing, unreadable, corrupt or of another key."""
-    try:
-        prof = CostProfile.from_json(json.loads(profile_path(key).read_text()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # JSONDecodeError is a ValueError
-        return None
-    return prof if prof.key == key else None
+    prof = read_cache(profile_path(key), CostProfile.from_json)
+    return prof if prof is not None and prof.key == key else None
 
 
 def stale_reason(prof: CostProfile) -> str | None:

@@ -336,18 +336,14 @@ def cached_draft_ratio(target, skip: SkipSet, lm_head: DraftLMHead | None, switc
     """:func:`measure_draft_ratio`, measured once per model, backend, machine and draft and then
     read from the profiles cache, so the budget's starting point (and with it the draft lengths
     under rejection sampling) does not depend on the clock of each load."""
-    import json
 
-    from ..core.cost import profile_key, profile_path, save_cache
+    from ..core.cost import profile_key, profile_path, read_cache, save_cache
 
     key = (profile_key(target.model, target.name, target.backend)
            + f"|self-spec-draft|{sorted(skip.attention)}|{sorted(skip.mlp)}|{vocab}|{kernels}")
-    try:
-        data = json.loads(profile_path(key).read_text())
-        if data.get("key") == key and float(data["ratio"]) > 0:
-            return float(data["ratio"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    cached = read_cache(profile_path(key), lambda d: float(d["ratio"]) if d["key"] == key else 0.0)
+    if cached is not None and cached > 0:
+        return cached
     ratio = measure_draft_ratio(target.model, skip, lm_head, switch)
     save_cache(key, {"key": key, "ratio": ratio}, "self-spec draft cost")
     return ratio

@@ -13,13 +13,12 @@ verify step. A corrupt or unreadable cache is measured again, never trusted.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 
 from torch import nn
 
-from ..core.cost import measure, profile_key, profile_path, save_cache
+from ..core.cost import measure, profile_key, profile_path, read_cache, save_cache
 from .backends import use_backend
 from .onednn import available as onednn_available
 from .swap import KernelState, current_backend, released
@@ -52,14 +51,9 @@ def choose(model: nn.Module, model_name: str, state: KernelState | None = None) 
     cands = candidates(model)
     if len(cands) == 1:
         return cands[0]
-    path = profile_path(profile_key(model, model_name, "auto-choice"))
-    if path.is_file():
-        try:
-            choice = json.loads(path.read_text())["backend"]
-            if choice in cands:
-                return choice
-        except (json.JSONDecodeError, KeyError, TypeError, OSError):
-            pass  # corrupt or unreadable: measured again, never trusted
+    choice = read_cache(profile_path(profile_key(model, model_name, "auto-choice")), lambda d: d["backend"])
+    if isinstance(choice, str) and choice in cands:  # corrupt or unreadable: measured again, never trusted
+        return choice
     print(f"selfspec: timing fp32 kernels ({', '.join(cands)}) for {model_name} on this machine (once) ...",
           file=sys.stderr)
     samples: dict[str, list[float]] = {name: [] for name in cands}
