@@ -391,3 +391,22 @@ def test_help_describes_every_command_and_only_its_options(capsys):
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     assert "--model MODEL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_keeps_progress_notes_off_stderr(tiny_dir, capsys, where):
+    """The library's notes (here auto's calibration) reach stderr as ``selfspec: ...`` lines;
+    ``-q`` before or after the command name leaves only warnings and errors."""
+    from selfspec.cli import main
+
+    args = ["generate", "--model", str(tiny_dir), "--no-chat", "--method", "pld", "--kernels", "auto",
+            "--remeasure", "--max-new-tokens", "4", "w5 w6 w7"]
+    assert main(args) == 0
+    noisy = capsys.readouterr().err
+    assert "selfspec: auto: " in noisy or "selfspec: loaded" in noisy
+    quiet = ["-q", *args] if where == "before" else [args[0], "-q", *args[1:]]
+    assert main(quiet) == 0
+    err = capsys.readouterr().err
+    assert "selfspec: auto: " not in err and "selfspec: loaded" not in err
+    main(args)  # the next command without -q shows notes again (the level is set per command)
+    assert "selfspec: " in capsys.readouterr().err

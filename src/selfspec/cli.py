@@ -25,6 +25,12 @@ THREADS_HELP = ("torch CPU threads, at least 1 (default: torch's choice, usually
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.add_help:  # every command takes -q, before or after its name
+            self.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                              help="print warnings and errors only, not progress notes")
+
     def error(self, message: str) -> None:  # one line, exit 2, naming the help of the command at fault
         print(f"selfspec: error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
@@ -599,9 +605,11 @@ def _resume_hint(args: argparse.Namespace | None) -> str:
     return ""
 
 
-def _show_auto_progress() -> None:
-    """The library logs what ``auto`` measures and chooses (``selfspec.auto``); the CLI prints it
-    on whatever ``sys.stderr`` is when the message comes (tests replace it)."""
+def _show_library_notes(quiet: bool = False) -> None:
+    """The library logs its progress notes and warnings (``selfspec.*`` loggers: what ``auto``
+    measures and chooses, cost profiles, model downloads and conversions); the CLI prints them as
+    ``selfspec: ...`` lines on whatever ``sys.stderr`` is when the message comes (tests replace
+    it), warnings only with ``-q``. A library user configures ``logging`` as they like."""
     import logging
 
     class Stderr(logging.StreamHandler):
@@ -609,21 +617,21 @@ def _show_auto_progress() -> None:
             self.stream = sys.stderr
             super().emit(record)
 
-    logger = logging.getLogger("selfspec.auto")
-    if not logger.handlers:
+    logger = logging.getLogger("selfspec")
+    if not any(isinstance(h, Stderr) for h in logger.handlers):
         handler = Stderr()
         handler.setFormatter(logging.Formatter("selfspec: %(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = None
-    _show_auto_progress()
+    _show_library_notes()
     try:  # Ctrl-C at any time, the imports of building the parser and loading a model included
         args = build_parser().parse_args(argv)
+        _show_library_notes(getattr(args, "quiet", False))
         args.command_line = ["selfspec", *(sys.argv[1:] if argv is None else argv)]  # recorded by bench
         return args.func(args)
     except SelfspecError as e:

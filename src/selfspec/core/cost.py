@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import statistics
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -24,6 +24,8 @@ import torch
 from . import kv_cache
 from .machine import machine_id
 from .timing import Stopwatch
+
+log = logging.getLogger("selfspec.cost")
 
 T = TypeVar("T")
 DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
@@ -275,7 +277,7 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
             if r > 0:
                 times[q].append(dt)
         if progress:
-            print(f"selfspec: cost profile round {r}/{reps}", file=sys.stderr)
+            log.info(f"cost profile round {r}/{reps}")
     raw = tuple(statistics.median(times[q]) for q in qs)
     spread = tuple(max(times[q]) - min(times[q]) for q in qs)
     return CostProfile(tuple(qs), tuple(isotonic(raw)), context, key, raw, spread, reps)
@@ -396,14 +398,14 @@ def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], rem
             return replace(prof, path=_write_path(key)), False
         if reason is not None:
             again = prof.last_drift > DRIFT_REMEASURE
-            print(f"selfspec: {reason}; measuring it again ...", file=sys.stderr)
+            log.info(f"{reason}; measuring it again ...")
             announced = True
         qs = tuple(sorted(set(qs) | set(prof.qs)))
     if not announced:
-        print(f"selfspec: measuring the verify cost profile of {what} on this machine (once) ...", file=sys.stderr)
+        log.info(f"measuring the verify cost profile of {what} on this machine (once) ...")
     prof = replace(measure(model, key, qs, reps=reps, progress=progress), remeasured_for_drift=again)
     note = monotone_note(prof)
     if note:
-        print(note, file=sys.stderr)
+        log.info(note.removeprefix("selfspec: "))
     saved = save_cache(key, prof.to_json())
     return replace(prof, path=saved or _write_path(key)), True

@@ -13,8 +13,8 @@ verify step. A corrupt or unreadable cache is measured again, never trusted.
 
 from __future__ import annotations
 
+import logging
 import statistics
-import sys
 
 from torch import nn
 
@@ -22,6 +22,8 @@ from ..core.cost import measure, profile_key, profile_path, read_cache, save_cac
 from .backends import use_backend
 from .onednn import available as onednn_available
 from .swap import KernelState, current_backend, released
+
+log = logging.getLogger("selfspec.kernels")
 
 ROUNDS = 3
 
@@ -54,8 +56,7 @@ def choose(model: nn.Module, model_name: str, state: KernelState | None = None) 
     choice = read_cache(profile_path(profile_key(model, model_name, "auto-choice")), lambda d: d["backend"])
     if isinstance(choice, str) and choice in cands:  # corrupt or unreadable: measured again, never trusted
         return choice
-    print(f"selfspec: timing fp32 kernels ({', '.join(cands)}) for {model_name} on this machine (once) ...",
-          file=sys.stderr)
+    log.info(f"timing fp32 kernels ({', '.join(cands)}) for {model_name} on this machine (once) ...")
     samples: dict[str, list[float]] = {name: [] for name in cands}
     for _ in range(ROUNDS):  # interleaved, so a change of machine load hits every candidate alike
         for name in cands:  # each candidate as it would run: its layers and its attention function
@@ -64,8 +65,8 @@ def choose(model: nn.Module, model_name: str, state: KernelState | None = None) 
     use_backend(model, "stock", state=state)  # frees the kept copies
     costs = {name: statistics.median(v) for name, v in samples.items()}
     choice = min(costs, key=costs.get)
-    print(f"selfspec: {choice} kernels are the fastest here ("
-          + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in costs.items()) + " for T(1) + T(4))", file=sys.stderr)
+    log.info(f"{choice} kernels are the fastest here ("
+             + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in costs.items()) + " for T(1) + T(4))")
     # a read-only home: the per-user cache, else measured again next time (a note, not an error)
     save_cache(profile_key(model, model_name, "auto-choice"), {"backend": choice, "seconds": costs}, "kernels choice")
     return choice

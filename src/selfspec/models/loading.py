@@ -8,8 +8,8 @@ Accepted: a bundled name (``selfspec models list``), a local HF directory (safet
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +19,8 @@ from ..errors import SelfspecError
 from ..kernels.swap import KernelState
 from ..paths import selfspec_home
 from . import bundled
+
+log = logging.getLogger("selfspec.models")
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -204,5 +206,5 @@ def load_model(
 
             release_originals(model)
     if os.environ.get("SELFSPEC_VERBOSE"):
-        print(f"selfspec: loaded {spec} from {source} on {dev} ({dt}, {loaded.backend} kernels)", file=sys.stderr)
+        log.info(f"loaded {spec} from {source} on {dev} ({dt}, {loaded.backend} kernels)")
     return loaded
