@@ -54,6 +54,8 @@ def tokens_per_step(out: Path, state: dict) -> float:
             break
     opts = state["options"]
     flat = {**opts, **opts.get("finetune", {})}
+    if (meta is None or "tokens" not in meta) and (out / "data" / "examples.pt").is_file():
+        meta = examples_summary(out / "data" / "examples.pt")  # a run still going: its prepared data
     if meta is None or "tokens" not in meta:
         raise SystemExit(f"{out}: no record of its data's token count (adapter/selfspec_finetune.json)")
     n_items = meta.get("examples") or meta.get("sequences")
@@ -61,6 +63,15 @@ def tokens_per_step(out: Path, state: dict) -> float:
     batch = int(flat.get("batch_size", 4))
     steps_per_epoch = max(1, int(n_items * (1 - val)) // batch)
     return meta["tokens"] * (1 - val) / steps_per_epoch
+
+
+def examples_summary(path: Path) -> dict:
+    """``{"examples", "tokens"}`` of a fine-tune's prepared data (``data/examples.pt``)."""
+    import torch
+
+    data = torch.load(path, weights_only=False)
+    examples = data["examples"] if isinstance(data, dict) else data
+    return {"examples": len(examples), "tokens": int(sum(e.input_ids.numel() for e in examples))}
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:

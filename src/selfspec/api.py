@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import GenerationConfig, check_threads, stop_strings
-from .core.cost import OnlineCost
 from .core.kv_cache import new_cache
+from .core.online_cost import OnlineCost
 from .core.sampling import GumbelNoise, Warper
 from .decoding.loop import run
 from .decoding.state import DecodeState

@@ -10,6 +10,7 @@ import pytest
 
 import selfspec.core.cost as cost
 from selfspec.core.cost import CostProfile, load_or_measure
+from selfspec.core.online_cost import OnlineCost
 
 from ..conftest import tiny_model
 
@@ -88,7 +89,7 @@ def test_monotone_note_names_the_pair_and_no_warning_word():
 
 def test_observe_keeps_an_average_per_q_and_ratio_reads_the_snapshot():
     p = CostProfile((1, 2, 4), (1.0, 2.0, 2.5), 16, "k-online")
-    online = cost.OnlineCost(p)
+    online = OnlineCost(p)
     for s in (1.4, 1.5, 9.0, 1.6, 1.5):  # median start: one cold outlier does not stay
         online.observe(2, s)
     online.observe(4, 3.0)  # once: too few to count
@@ -108,7 +109,7 @@ def test_observe_keeps_an_average_per_q_and_ratio_reads_the_snapshot():
 
 
 def test_corrected_adds_unmeasured_qs_and_refits():
-    online = cost.OnlineCost(CostProfile((1, 2, 4), (1.0, 2.0, 2.5), 16, "k-add"))
+    online = OnlineCost(CostProfile((1, 2, 4), (1.0, 2.0, 2.5), 16, "k-add"))
     for _ in range(5):
         online.observe(3, 1.0)  # faster than T(2): pooled by the fit
     c = online.corrected()
@@ -119,7 +120,7 @@ def test_corrected_adds_unmeasured_qs_and_refits():
 def test_estimates_belong_to_their_owner():
     """Two generators' estimates never mix: no process-wide state."""
     p = CostProfile((1, 2), (1.0, 2.0), 16, "k-own")
-    a, b = cost.OnlineCost(p), cost.OnlineCost(p)
+    a, b = OnlineCost(p), OnlineCost(p)
     for _ in range(5):
         a.observe(1, 2.0)
     assert a.drift() == pytest.approx(1.0) and b.drift() == 0.0 and b.estimates() == {}
@@ -127,18 +128,16 @@ def test_estimates_belong_to_their_owner():
 
 def test_persist_writes_the_corrected_profile_and_never_raises(tmp_path):
     p = CostProfile((1, 2), (1.0, 2.0), 16, "k-persist", path=tmp_path / "p.json")
-    online = cost.OnlineCost(p)
+    online = OnlineCost(p)
     assert online.persist() is None and not (tmp_path / "p.json").exists()  # nothing observed
     for _ in range(6):
         online.observe(2, 3.0)
-    assert online.persist_if_due(every=7) is None and not (tmp_path / "p.json").exists()  # not due yet
-    assert online.persist_if_due(every=6) == tmp_path / "p.json"
-    assert online.persist_if_due(every=1) is None  # written: nothing new since
+    assert online.persist() == tmp_path / "p.json"
     saved = CostProfile.from_json(json.loads((tmp_path / "p.json").read_text()))
     assert saved.raw == (1.0, 3.0) and saved.last_drift == pytest.approx(0.5) and saved.source == "corrected"
     (tmp_path / "file").write_text("")
     assert online.persist(tmp_path / "file" / "p.json") is None  # unwritable: no exception
-    nowhere = cost.OnlineCost(CostProfile((1,), (1.0,), 16, "k-persist"))
+    nowhere = OnlineCost(CostProfile((1,), (1.0,), 16, "k-persist"))
     nowhere.observe(1, 1.0)
     assert nowhere.persist() is None  # no cache path: nowhere to write
 
@@ -150,7 +149,7 @@ def test_a_generator_writes_the_correction_back_after_requests(tmp_path, monkeyp
         tuple(qs), tuple(float(q) for q in qs), 8, key, tuple(float(q) for q in qs), (0.0,) * len(qs), 3))
     prof = load_or_measure(model, "tiny-exit")
     assert prof.path is not None and prof.path.is_file()
-    online = cost.OnlineCost(prof)
+    online = OnlineCost(prof)
     for _ in range(5):
         online.observe(2, 2.5)
     wider = load_or_measure(model, "tiny-exit", extra_qs=(36,))  # measured again, wider, meanwhile

@@ -10,10 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import statistics
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,8 +30,6 @@ DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 PROFILE_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # ``selfspec profile``, capped at --max-q
 MIN_ROUNDS = 3  # measured rounds at least (after one warm-up round); medians of these
 NOISE_RATIO = 0.10  # a later q this much below an earlier q's median (and beyond the spread) is noted
-EMA_ALPHA = 0.1  # weight of a new verify timing in the online average
-PERSIST_EVERY = 32  # verify timings between writes of a corrected profile
 MIN_OBSERVATIONS = 5  # verify timings of a q before its online average counts
 DRIFT_REMEASURE = 0.30  # re-measure on load when the last session's online drift exceeded this
 
@@ -66,101 +62,6 @@ def violations(qs: tuple[int, ...], medians: tuple[float, ...],
     return sorted(out, key=lambda v: v[3] / v[1])
 
 
-class OnlineCost:
-    """Exponential moving average, per q, of the verify forwards timed while decoding, and the
-    correction of one cached :class:`CostProfile` they imply.
-
-    Owned by one generator (no process-wide state): the decode loop feeds it the verify timings it
-    already measures, and the generator writes the corrected profile back at explicit points
-    (:meth:`persist_if_due`, after a request). The profile's ``ratio`` never changes in-process;
-    a correction takes effect from the next load. The first ``MIN_OBSERVATIONS`` timings of a q
-    start its average at their median, so a cold first forward does not linger in it.
-
-    Args:
-        profile: the profile the timings correct.
-        alpha: weight of a new timing in the average.
-    """
-
-    def __init__(self, profile: CostProfile, alpha: float = EMA_ALPHA) -> None:
-        self.profile = profile
-        self.alpha = alpha
-        self.count: dict[int, int] = {}
-        self.ema: dict[int, float] = {}
-        self._first: dict[int, list[float]] = {}
-        self._lock = threading.Lock()
-        self._unsaved = 0  # timings observed since the last write
-
-    def observe(self, q: int, seconds: float) -> None:
-        """Record one verify forward of ``q`` new tokens that took ``seconds`` (wall, synchronised).
-        Cheap; never raises; ignores non-finite or non-positive timings and q < 1."""
-        q, seconds = int(q), float(seconds)
-        if q < 1 or not math.isfinite(seconds) or seconds <= 0:
-            return
-        with self._lock:
-            n = self.count.get(q, 0) + 1
-            self.count[q] = n
-            self._unsaved += 1
-            if n <= MIN_OBSERVATIONS:
-                first = self._first.setdefault(q, [])
-                first.append(seconds)
-                self.ema[q] = statistics.median(first)
-                if n == MIN_OBSERVATIONS:
-                    del self._first[q]
-            else:
-                self.ema[q] += self.alpha * (seconds - self.ema[q])
-
-    def estimates(self, min_count: int = MIN_OBSERVATIONS) -> dict[int, float]:
-        """q -> averaged seconds, for the qs observed at least ``min_count`` times."""
-        with self._lock:
-            return {q: self.ema[q] for q in sorted(self.ema) if self.count[q] >= min_count}
-
-    def drift(self, profile: CostProfile | None = None) -> float:
-        """The largest relative difference |EMA - T(q)| / T(q) of ``profile`` (default: the one
-        corrected) over the qs observed at least ``MIN_OBSERVATIONS`` times (0 when none)."""
-        p = profile or self.profile
-        return max((abs(v - p.at(q)) / p.at(q) for q, v in self.estimates().items()), default=0.0)
-
-    def corrected(self, base: CostProfile | None = None) -> CostProfile:
-        """``base`` (default: the profile corrected) with the online averages (qs observed at least
-        ``MIN_OBSERVATIONS`` times) in place of its raw points, or added as points, then fitted
-        non-decreasing again."""
-        p = base or self.profile
-        est = self.estimates()
-        points = dict(zip(p.qs, p.raw if p.raw is not None else p.seconds))
-        spreads = dict(zip(p.qs, p.spread or (0.0,) * len(p.qs)))
-        for q, v in est.items():
-            points[q], spreads[q] = v, 0.0
-        qs = tuple(sorted(points))
-        raw = tuple(points[q] for q in qs)
-        return replace(p, qs=qs, seconds=tuple(isotonic(raw)), raw=raw, spread=tuple(spreads[q] for q in qs),
-                       last_drift=self.drift(p), source="corrected",
-                       remeasured_for_drift=p.source == "measured" and p.remeasured_for_drift,
-                       observations=tuple((q, self.count[q]) for q in est))
-
-    def persist(self, path: Path | None = None) -> Path | None:
-        """Write :meth:`corrected` to ``path`` (default: where the profile was loaded for, its
-        ``path``), with the drift, when some q has enough timings. The base is the profile cached
-        there now when it has the same key (it may have been measured again, wider, since this one
-        was loaded), else the one corrected. Best effort: returns where it wrote, or None; never
-        raises (a cache that cannot be written is no error)."""
-        try:
-            path = path or self.profile.path
-            if path is None or not self.estimates():
-                return None
-            disk = read_cache(path, CostProfile.from_json)
-            base = disk if disk is not None and disk.key == self.profile.key else self.profile
-            write_profile(self.corrected(base), path)
-            self._unsaved = 0
-            return path
-        except Exception:  # noqa: BLE001 -- best effort by contract
-            return None
-
-    def persist_if_due(self, every: int = PERSIST_EVERY) -> Path | None:
-        """:meth:`persist` once ``every`` timings have come in since the last write (the
-        generator calls it after each request)."""
-        return self.persist() if self._unsaved >= every else None
-
-
 @dataclass(frozen=True)
 class CostProfile:
     """Median seconds per forward of q new tokens after a ``context``-token cache.
@@ -173,17 +74,17 @@ class CostProfile:
         raw: the medians of the repeats per q before the fit (online averages where corrected).
         spread: max - min of the repeats per q (0 for a q corrected online).
         reps: measured rounds (0: a profile cached before repeats were recorded).
-        last_drift: :meth:`OnlineCost.drift` when this profile was written back (0 for a fresh
-            measurement); ``drift`` in the JSON.
+        last_drift: the online correction's drift (``core.online_cost``) when this profile was
+            written back (0 for a fresh measurement); ``drift`` in the JSON.
         source: ``measured``, or ``corrected`` (cached T(q) with online averages put in).
         remeasured_for_drift: measured again because the cached profile had drifted (then a
             drift found again is kept, not measured a third time).
         observations: (q, verify timings averaged) of a corrected profile.
         path: where a correction of it is written back (not serialised; None: nowhere).
 
-    ``ratio`` reads only this snapshot: the online estimates of an :class:`OnlineCost` never change
-    draft lengths within a process; they take effect through :meth:`OnlineCost.persist` on the
-    next load.
+    ``ratio`` reads only this snapshot: the online estimates of an ``OnlineCost``
+    (``core.online_cost``) never change draft lengths within a process; they take effect through
+    its ``persist`` on the next load.
     """
 
     qs: tuple[int, ...]

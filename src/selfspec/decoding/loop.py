@@ -11,7 +11,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
-from ..core.cost import OnlineCost
+from ..core.online_cost import OnlineCost
 from ..core.sampling import sample
 from ..core.timing import now
 from ..models.adapter import forward_block

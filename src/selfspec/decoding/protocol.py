@@ -75,7 +75,7 @@ class Drafter(Protocol):
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from, or None. The loop times every verify
-        forward into an :class:`~selfspec.core.cost.OnlineCost` over it (a correction used from
+        forward into an :class:`~selfspec.core.online_cost.OnlineCost` over it (a correction used from
         the next load on)."""
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
