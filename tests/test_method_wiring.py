@@ -35,6 +35,21 @@ def test_cli_source_names_no_method():
     assert not names & set(literals), sorted(names & set(literals))
 
 
+def test_autoselect_names_no_method():
+    """``auto`` takes its candidates from the registry: no string literal of autoselect.py is a
+    registered method's name, nor a label made of one (``ar@...``); docstrings aside."""
+    import selfspec.autoselect as autoselect
+
+    tree = ast.parse(Path(autoselect.__file__).read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    literals = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                and id(n) not in docstrings]
+    names = set(registry.METHODS)
+    assert not [v for v in literals if v in names or v.split("@")[0] in names], literals
+
+
 def test_registry_is_the_table_of_the_drafters_specs():
     for name, spec in registry.METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name

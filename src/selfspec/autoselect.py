@@ -200,7 +200,7 @@ def select(table: dict[str, float], identical: dict[str, bool] | None = None) ->
 
 
 def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], prompts: Sequence[str],
-            reference: str | None = "ar", max_new_tokens: int = CALIBRATION_TOKENS,
+            reference: str | None = None, max_new_tokens: int = CALIBRATION_TOKENS,
             rounds: Sequence[tuple[int, int | None]] = ROUNDS, budget_s: float | None = BUDGET_S,
             clock: Callable[[], float] = time.perf_counter) -> Calibration:
     """Calibrate ``cands`` greedily on ``prompts`` by successive halving over ``rounds``.
@@ -401,7 +401,7 @@ def machine_busy() -> bool:
 
 
 def choose(target: LoadedModel, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
-           reference: str | None = "ar", remeasure: bool = False, prompts: Sequence[str] | None = None,
+           reference: str | None = None, remeasure: bool = False, prompts: Sequence[str] | None = None,
            clock: Callable[[], float] = time.perf_counter, monitor: Callable[[], LoadMonitor] = LoadMonitor,
            busy_now: Callable[[], bool] = machine_busy) -> Choice:
     """The fastest candidate for ``target`` here: cached, else measured (and cached).
