@@ -130,13 +130,18 @@ def test_a_budget_cuts_later_rounds_to_what_fits():
     assert gens["jacobi@stock"].prompts == ["a", "a"]  # pruned: the budget kept two finalists
     assert list(cal.finalists()) == ["pld@stock", "msn@stock"]
     assert autoselect.select(cal.finalists(), cal.identical) == "pld@stock"
-    # a budget spent by round 0: every candidate decoded once, the fastest of them wins
+    # a budget spent by round 0: the two fastest still meet on one more prompt, nothing else runs;
+    # the one that was faster on the pruning prompt alone (msn) loses over both
     clock2 = FakeClock()
     gens2 = {label: FakeGen(clock2, g.speed) for label, g in gens.items()}
+    gens2["msn@stock"] = FakeGen(clock2, 15, speeds={"a": 25})
     make2, _ = fakes(clock2, gens2)
     cal2 = autoselect.measure(make2, [cand(label) for label in gens2], PROMPTS, reference="ar", max_new_tokens=40,
                               budget_s=1.0, clock=clock2)
-    assert all(g.prompts == ["a", "a"] for g in gens2.values())
+    assert gens2["msn@stock"].prompts == ["a", "a", "b"] and gens2["pld@stock"].prompts == ["a", "a", "b"]
+    assert gens2["jacobi@stock"].prompts == ["a", "a"]
+    assert gens2["ar@stock"].prompts == ["a", "a", "b"]  # untimed: the reference ids of prompt b
+    assert list(cal2.finalists()) == ["pld@stock", "msn@stock"]
     assert autoselect.select(cal2.finalists(), cal2.identical) == "pld@stock"
 
 

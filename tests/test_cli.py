@@ -410,3 +410,29 @@ def test_quiet_keeps_progress_notes_off_stderr(tiny_dir, capsys, where):
     assert "selfspec: auto: " not in err and "selfspec: loaded" not in err
     main(args)  # the next command without -q shows notes again (the level is set per command)
     assert "selfspec: " in capsys.readouterr().err
+
+
+def test_notes_are_printed_once_and_logging_is_restored(tiny_dir, capsys):
+    """Where something configured the root logger (a library calling ``basicConfig``), a note is
+    still one line: the CLI's handler does not pass records on. After ``main`` the ``selfspec``
+    logger is as it was (a program calling ``main`` keeps its logging set-up)."""
+    import logging
+
+    from selfspec.cli import main
+
+    seen: list[logging.LogRecord] = []
+    root = logging.getLogger()
+    catcher = logging.Handler()
+    catcher.emit = seen.append
+    root.addHandler(catcher)
+    logger = logging.getLogger("selfspec")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    try:
+        assert main(["generate", "--model", str(tiny_dir), "--no-chat", "--method", "pld", "--kernels", "auto",
+                     "--remeasure", "--max-new-tokens", "4", "w5 w6 w7"]) == 0
+    finally:
+        root.removeHandler(catcher)
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.startswith("selfspec: auto: measuring")]
+    assert len(notes) == 1 and not [r for r in seen if r.name.startswith("selfspec")]
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before

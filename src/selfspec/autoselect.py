@@ -47,7 +47,8 @@ WARMUP_TOKENS = 4
 # Successive halving: (calibration prompts decoded, candidates kept into the round; None: all).
 ROUNDS: tuple[tuple[int, int | None], ...] = ((1, None), (2, 4), (1, 2))
 # Seconds a calibration may take: later rounds shrink (fewer prompts, then two finalists) or are
-# skipped to fit, by what round 0 measured; round 0 itself is every candidate once, whatever it costs.
+# skipped to fit, by what round 0 measured; round 0 itself is every candidate once, whatever it
+# costs, and the two fastest always decode one more prompt (a one-prompt choice is noise).
 BUDGET_S = 60.0
 CACHE_FORMAT = "selfspec-auto/2"
 
@@ -212,7 +213,8 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
     backend it is no candidate on, untimed); otherwise it is disqualified. ``budget_s`` bounds
     the whole calibration (builds included) where it can: a later round whose projected time (each
     finalist's seconds per prompt so far) would overrun it runs fewer prompts, then only the two
-    fastest, or is skipped (None: no bound). ``clock`` times the runs (injected in tests)."""
+    fastest, or is skipped (None: no bound); the first later round always keeps one prompt for
+    the two fastest. ``clock`` times the runs (injected in tests)."""
     by_label = {c.label: c for c in cands}
     started = clock()
     cal = Calibration()
@@ -287,7 +289,11 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
         ranked = sorted(alive, key=lambda lab: -speed(lab))
         fitted = fit_round(len(idx), keep_n, [seconds[lab] / max(runs[lab], 1) for lab in ranked],
                            None if budget_s is None else budget_s - (clock() - started))
-        if fitted is None:
+        if fitted is None and r_index == 1:  # a choice on one short prompt each is a coin toss between
+            fitted = (1, 2)  # near-equals: the two fastest always meet once more, interleaved
+            log.info("auto: the %.0f s calibration budget is spent: a last prompt for the two fastest only",
+                     budget_s)
+        elif fitted is None:
             log.info("auto: the %.0f s calibration budget is spent: choosing among the %d measured so far",
                      budget_s, len(alive))
             break

@@ -7,10 +7,12 @@ Every user error prints one line ``selfspec: error: ...`` and exits with code 2;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .config import SAMPLING_MODES, seed_arg, threads_arg
 from .errors import SelfspecError
@@ -605,12 +607,14 @@ def _resume_hint(args: argparse.Namespace | None) -> str:
     return ""
 
 
-def _show_library_notes(quiet: bool = False) -> None:
-    """The library logs its progress notes and warnings (``selfspec.*`` loggers: what ``auto``
-    measures and chooses, cost profiles, model downloads and conversions); the CLI prints them as
-    ``selfspec: ...`` lines on whatever ``sys.stderr`` is when the message comes (tests replace
-    it), warnings only with ``-q``. A library user configures ``logging`` as they like."""
-    import logging
+@contextlib.contextmanager
+def _library_notes() -> Iterator[Callable[[bool], None]]:
+    """While a command runs: the library's notes and warnings (``selfspec.*`` loggers: what
+    ``auto`` measures and chooses, cost profiles, downloads, conversions) as ``selfspec: ...``
+    lines on whatever ``sys.stderr`` is when the message comes (tests replace it), and not passed
+    on to other handlers (no duplicates where something configured the root logger). Yields
+    ``set_quiet(quiet)``: warnings only with ``-q``. Restored afterwards, so a program that calls
+    ``main`` keeps its own ``logging`` set-up."""
 
     class Stderr(logging.StreamHandler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -618,20 +622,31 @@ def _show_library_notes(quiet: bool = False) -> None:
             super().emit(record)
 
     logger = logging.getLogger("selfspec")
-    if not any(isinstance(h, Stderr) for h in logger.handlers):
-        handler = Stderr()
-        handler.setFormatter(logging.Formatter("selfspec: %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    saved = logger.level, logger.propagate
+    handler = Stderr()
+    handler.setFormatter(logging.Formatter("selfspec: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        yield lambda quiet: logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with _library_notes() as set_quiet:
+        return _main(argv, set_quiet)
+
+
+def _main(argv: Sequence[str] | None, set_quiet: Callable[[bool], None]) -> int:
     args = None
-    _show_library_notes()
     try:  # Ctrl-C at any time, the imports of building the parser and loading a model included
         args = build_parser().parse_args(argv)
-        _show_library_notes(getattr(args, "quiet", False))
+        set_quiet(getattr(args, "quiet", False))
         args.command_line = ["selfspec", *(sys.argv[1:] if argv is None else argv)]  # recorded by bench
         return args.func(args)
     except SelfspecError as e:

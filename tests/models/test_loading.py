@@ -268,13 +268,14 @@ def test_pulled_models_are_readable_by_other_users(tmp_path):
     assert stat.S_IMODE(d.stat().st_mode) == 0o755 and stat.S_IMODE(os.stat(f).st_mode) == 0o644
 
 
-def test_two_first_runs_convert_the_model_once(tmp_path, monkeypatch, tiny_dir, capsys):
+def test_two_first_runs_convert_the_model_once(tmp_path, monkeypatch, tiny_dir, caplog):
     """Two processes (threads here) pulling into an empty cache at once: one downloads and
     converts, the other waits for its lock and then finds the model built."""
     import threading
     import time
 
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="selfspec")
     name = "smollm2-135m-instruct"
     calls = []
 
@@ -298,4 +299,4 @@ def test_two_first_runs_convert_the_model_once(tmp_path, monkeypatch, tiny_dir, 
     for t in threads:
         t.join()
     assert calls == ["download"] and got == [bundled.model_dir(name)] * 2
-    assert "waiting for it" in capsys.readouterr().err
+    assert "waiting for it" in caplog.text
