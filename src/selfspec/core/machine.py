@@ -37,18 +37,23 @@ def machine_id() -> str:
     return f"{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
-def cpu_flags() -> str:
-    """The SIMD features that decide which kernels are fast and exact here (e.g. ``avx2``,
-    ``avx512f+avx512_vnni``), from ``/proc/cpuinfo``; empty where it cannot be read."""
+def cpu_flag_set() -> frozenset[str]:
+    """Every feature flag of the CPU from ``/proc/cpuinfo`` (empty where it cannot be read)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
-                return "+".join(f for f in wanted if f in have)
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return ""
+    return frozenset()
+
+
+def cpu_flags() -> str:
+    """The SIMD features that decide which kernels are fast and exact here (e.g. ``avx2``,
+    ``avx512f+avx512_vnni``); empty where they cannot be read."""
+    have = cpu_flag_set()
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+    return "+".join(f for f in wanted if f in have)
 
 
 def cpu_busy(cpus: tuple[int, ...] | None) -> tuple[float, float] | None:

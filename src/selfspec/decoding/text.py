@@ -96,20 +96,22 @@ class IncrementalDetokenizer:
         self.prefix = 0  # the decode window starts here
         self.read = 0  # ids before this are shown
 
+    def _after_shown(self, start: int) -> str | None:
+        """The text of ``ids[start:]`` past what ``ids[start:read]`` decodes to; None where the
+        window decodes otherwise than its start (then the whole text is decoded once)."""
+        shown = self.tokenizer.decode(self.ids[start:self.read], skip_special_tokens=True)
+        text = self.tokenizer.decode(self.ids[start:], skip_special_tokens=True)
+        return text[len(shown):] if text.startswith(shown) else None
+
     def push(self, new: list[int]) -> str:
         self.ids.extend(new)
-        shown = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
-        text = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=True)
-        if len(text) <= len(shown) or text.endswith("\ufffd") or not text.startswith(shown):
-            if not text.startswith(shown) and not text.endswith("\ufffd"):  # a window that decodes otherwise
-                full_shown = self.tokenizer.decode(self.ids[:self.read], skip_special_tokens=True)
-                full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-                if len(full) > len(full_shown) and full.startswith(full_shown):
-                    self.prefix, self.read = max(0, self.read - 4), len(self.ids)
-                    return full[len(full_shown):]
+        piece = self._after_shown(self.prefix)
+        if piece is None:
+            piece = self._after_shown(0) or ""
+        if not piece or piece.endswith("\ufffd"):  # nothing new, or an incomplete character: held back
             return ""
         self.prefix, self.read = max(self.prefix, self.read - 4), len(self.ids)
-        return text[len(shown):]
+        return piece
 
 
 def text_before_stop(text: str, stops: Sequence[str]) -> str:

@@ -15,23 +15,12 @@ import logging
 import torch
 from torch import nn
 
+from ..core.machine import cpu_flag_set
 from .swap import SwappedLinear, flatten
 
 log = logging.getLogger("selfspec.kernels")
 
 NATIVE_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs that multiply bf16 natively
-
-
-def cpu_flag_set() -> frozenset[str]:
-    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 class Bf16Linear(SwappedLinear):
@@ -79,7 +68,7 @@ def _probe(device: torch.device) -> str | None:
 def native_reason(device_type: str = "cpu", flags: frozenset[str] | None = None) -> str | None:
     """None where bf16 drafts can pay on ``device_type`` (CUDA; a CPU with ``avx512_bf16`` or
     AMX bf16 tiles, whose bf16 product also passes a probe), else the one-line reason they are
-    left out of ``auto``. ``flags``: the CPU's flags (default :func:`cpu_flag_set`)."""
+    left out of ``auto``. ``flags``: the CPU's flags (default: this CPU's, ``core.machine.cpu_flag_set``)."""
     if device_type == "cuda":
         return None
     if device_type != "cpu":
