@@ -198,12 +198,15 @@ def test_version_without_distribution_metadata(capsys, monkeypatch):
 def test_ctrl_c_is_one_line_exit_130(capsys, monkeypatch, where):
     """Ctrl-C while a command runs, or while the parser is built (the imports of start-up):
     exit 130, one line, no traceback."""
-    import selfspec.cli as cli
+    from selfspec.cli import common, models
 
     def interrupt(*a, **kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_models" if where == "command" else "_method_names", interrupt)
+    if where == "command":
+        monkeypatch.setattr(models, "run", interrupt)
+    else:
+        monkeypatch.setattr(common, "method_names", interrupt)
     code, out, err = run(capsys, "models", "list")
     assert code == 130 and err == "selfspec: interrupted\n" and out == ""
 
@@ -352,14 +355,14 @@ def test_an_interrupted_command_says_how_to_continue(capsys, monkeypatch, argv, 
     """`selfspec: interrupted` never mentioned --resume."""
     import dataclasses
 
-    import selfspec.cli as cli
     import selfspec.train.command as train_command
+    from selfspec.cli import bench, generate, tune
 
     def interrupt(*a, **kw):
         raise KeyboardInterrupt
 
-    for name in ("cmd_bench", "cmd_tune", "cmd_generate"):
-        monkeypatch.setattr(cli, name, interrupt)
+    for command in (bench, tune, generate):
+        monkeypatch.setattr(command, "run", interrupt)
     monkeypatch.setitem(train_command.COMMANDS, "hass", dataclasses.replace(train_command.COMMANDS["hass"],
                                                                             run=interrupt))
     code, out, err = run(capsys, *argv)

@@ -1,0 +1,110 @@
+"""``selfspec`` command line: one module per subcommand (generate, demo, serve, bench, profile, tune,
+export, models; ``train`` lives with the training code), sharing :mod:`.common`.
+
+Every user error prints one line ``selfspec: error: ...`` and exits with code 2; Ctrl-C prints
+``selfspec: interrupted`` and exits with code 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+
+from ..errors import SelfspecError
+from . import bench, demo, export, generate, models, profile, serve, tune
+from .common import EXIT_USAGE, Parser, version
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``selfspec`` parser: each subcommand's module registers its own options."""
+    p = Parser(prog="selfspec", description="Lossless speculative decoding on Hugging Face models.")
+    p.add_argument("--version", action="version", version=f"selfspec {version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+    for command in (generate, demo, models, profile, tune):
+        command.add_parser(sub)
+    from ..train.command import add_train_parser
+
+    add_train_parser(sub)  # selfspec train OBJECTIVE: each objective's options (train/command.py)
+    for command in (export, serve, bench):
+        command.add_parser(sub)
+    for action in sub._choices_actions:  # each command's --help starts with what it does, as train's do
+        command = sub.choices[action.dest]
+        if command.description is None:
+            command.description = action.help
+    return p
+
+
+def _resume_hint(args: argparse.Namespace | None) -> str:
+    """How to continue an interrupted command that keeps its progress (train, bench: --resume;
+    tune: its --state), or nothing."""
+    if args is None:
+        return ""
+    if hasattr(args, "resume"):  # train, bench: checkpoints / records in --out
+        again = "run the same command again" if args.resume else "run the same command with --resume"
+        return f"; {again} to continue from where it stopped (--out {args.out})"
+    if getattr(args, "cmd", None) == "tune" and getattr(args, "state", None):
+        return f"; run the same command again to continue the search (--state {args.state})"
+    return ""
+
+
+@contextlib.contextmanager
+def _library_notes() -> Iterator[Callable[[bool], None]]:
+    """While a command runs: the library's notes and warnings (``selfspec.*`` loggers: what
+    ``auto`` measures and chooses, cost profiles, downloads, conversions) as ``selfspec: ...``
+    lines on whatever ``sys.stderr`` is when the message comes (tests replace it), and not passed
+    on to other handlers (no duplicates where something configured the root logger). Yields
+    ``set_quiet(quiet)``: warnings only with ``-q``. Restored afterwards, so a program that calls
+    ``main`` keeps its own ``logging`` set-up."""
+
+    class Stderr(logging.StreamHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            self.stream = sys.stderr
+            super().emit(record)
+
+    logger = logging.getLogger("selfspec")
+    saved = logger.level, logger.propagate
+    handler = Stderr()
+    handler.setFormatter(logging.Formatter("selfspec: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        yield lambda quiet: logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with _library_notes() as set_quiet:
+        return _main(argv, set_quiet)
+
+
+def _main(argv: Sequence[str] | None, set_quiet: Callable[[bool], None]) -> int:
+    args = None
+    try:  # Ctrl-C at any time, the imports of building the parser and loading a model included
+        args = build_parser().parse_args(argv)
+        set_quiet(getattr(args, "quiet", False))
+        args.command_line = ["selfspec", *(sys.argv[1:] if argv is None else argv)]  # recorded by bench
+        return args.func(args)
+    except SelfspecError as e:
+        print(f"selfspec: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"selfspec: interrupted{_resume_hint(args)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`selfspec models list | head -1`): no traceback
+        import contextlib
+
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
