@@ -18,11 +18,11 @@ from selfspec.core import kv_cache
 from selfspec.core.draft_vocab import DraftVocab
 from selfspec.drafters.eagle3 import HeadLMHead
 from selfspec.errors import SelfspecError
+from selfspec.heads.checkpoints import load_draft_head
 from selfspec.heads.eagle import EagleHead, load_head
 from selfspec.heads.eagle3 import (
     Eagle3Head,
     default_feature_layers,
-    load_draft_head,
     resolve_feature_layers,
     target_features,
 )

@@ -65,8 +65,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from selfspec.errors import SelfspecError
+from selfspec.heads.checkpoints import TOKEN_MAP_FILE, exported_draft_ids, import_eagle
 from selfspec.heads.eagle import EagleHead, load_head
-from selfspec.heads.export import TOKEN_MAP_FILE, export_head, exported_draft_ids, import_eagle
+from selfspec.heads.export import export_head
 
 from ..conftest import VOCAB, bundled_path, tiny_model
 
@@ -583,8 +584,8 @@ def test_real_smollm2_installed_head(engine, tmp_path, capsys):
 #     of that layer.
 
 from selfspec.core.draft_vocab import DraftVocab  # noqa: E402
+from selfspec.heads.checkpoints import import_eagle3  # noqa: E402
 from selfspec.heads.eagle3 import Eagle3Head, default_feature_layers  # noqa: E402
-from selfspec.heads.export import import_eagle3  # noqa: E402
 
 AUX = "eagle_aux_hidden_state_layer_ids"
 N_LAYERS = 6

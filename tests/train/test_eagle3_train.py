@@ -16,7 +16,8 @@ import selfspec
 import selfspec.train.loop as loop
 import selfspec.train.pipeline as pipeline
 from selfspec.cli import main
-from selfspec.heads.eagle3 import Eagle3Head, load_draft_head
+from selfspec.heads.checkpoints import load_draft_head
+from selfspec.heads.eagle3 import Eagle3Head
 from selfspec.models.loading import load_model
 from selfspec.train.eagle3 import Eagle3Options, train_eagle3
 from selfspec.train.features import read_sequences

@@ -342,13 +342,14 @@ class EagleDrafter:
 
 def load_head_for(target, cfg: EagleConfig, method: str) -> tuple[EagleHead | Eagle3Head, str]:
     """The head of ``eagle2`` / ``hass`` and where it came from: ``cfg.head`` (a directory holding
-    an EAGLE-1/2 or EAGLE-3 head, or ``random[:SEED]`` / ``random-eagle3[:SEED]`` for an untrained
+    an EAGLE-1/2 or EAGLE-3 head: selfspec's own, an export, or an official EAGLE checkpoint in
+    safetensors; or ``random[:SEED]`` / ``random-eagle3[:SEED]`` for an untrained
     EAGLE-2 / EAGLE-3 head: tests and lower bounds), else the trained one in
     ``$SELFSPEC_HOME/heads``, else the one shipped with the package."""
     from pathlib import Path
 
     from ..heads import find_head_dir
-    from ..heads.eagle3 import load_draft_head
+    from ..heads.checkpoints import load_draft_head
 
     if cfg.head.startswith("random"):
         kind, _, seed_text = cfg.head.partition(":")
@@ -375,7 +376,7 @@ def load_head_for(target, cfg: EagleConfig, method: str) -> tuple[EagleHead | Ea
     path = cfg.head or str(found)
     if cfg.head and not Path(cfg.head).exists():  # a file: load_head says so
         raise SelfspecError(f"head directory {cfg.head} does not exist; pass a directory written by "
-                            "`selfspec train hass` (--head DIR)")
+                            "`selfspec train hass`, or an EAGLE checkpoint directory (--head DIR)")
     head, _ = load_draft_head(path, target.model)
     return head, path
 

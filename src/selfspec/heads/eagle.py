@@ -177,27 +177,50 @@ def read_meta(path: Path | str) -> dict:
     return meta
 
 
+def read_head_state(path: Path | str, target: nn.Module,
+                    meta: dict) -> tuple[dict[str, torch.Tensor], DraftVocab | None]:
+    """A saved head's tensors (``d2t`` / ``t2d`` taken out) and its reduced draft vocabulary (None:
+    the full one), after checking that it was trained for ``target``'s architecture and that its
+    vocabulary is consistent (ids unique and in range, ``t2d`` and ``draft_vocab_size`` agreeing)."""
+    path = Path(path)
+    if meta["arch"] != arch_hash(target.config):
+        raise SelfspecError(f"draft head {path} was trained for another architecture "
+                            f"(target '{meta.get('target', '?')}'); train one for this model")
+    state = load_file(str(path / WEIGHTS_FILE))
+    d2t, t2d = state.pop("d2t", None), state.pop("t2d", None)
+    if d2t is None:
+        return state, None
+    vocab = int(target.config.vocab_size)
+    ids = torch.arange(d2t.numel()) + d2t.long()
+    if (meta.get("draft_vocab_size", d2t.numel()) != d2t.numel() or ids.numel() == 0 or int(ids.min()) < 0
+            or int(ids.max()) >= vocab or ids.unique().numel() != ids.numel()
+            or (t2d is not None and (t2d.numel() != vocab or not bool(t2d.bool()[ids].all())
+                                     or int(t2d.bool().sum()) != ids.numel()))):
+        raise SelfspecError(f"draft head {path} has an inconsistent reduced vocabulary (d2t / t2d / "
+                            "draft_vocab_size); retrain or restore the head")
+    return state, DraftVocab(ids, vocab)
+
+
+def fill_head(head: nn.Module, state: dict[str, torch.Tensor], path: Path | str, what: str = "draft head") -> nn.Module:
+    """Load ``state`` into ``head`` (every tensor, nothing else: a one-line error names a mismatch)
+    and put it in eval mode."""
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SelfspecError(f"{what} {path} does not fit this target (missing {missing[:2]}, "
+                            f"unexpected {unexpected[:2]})")
+    return head.eval()
+
+
 def load_head(path: Path | str, target: nn.Module) -> tuple[EagleHead, dict]:
     """Load a saved head for ``target``; refuses a head trained for another architecture. EAGLE-3
-    heads (``head_arch: "eagle3"``) are loaded by :func:`selfspec.heads.eagle3.load_draft_head`,
-    which loads either kind."""
+    heads (``head_arch: "eagle3"``) are loaded by :func:`selfspec.heads.checkpoints.load_draft_head`,
+    which loads any kind."""
     path = Path(path)
     meta = read_meta(path)
     if meta.get("head_arch", "eagle") != "eagle":
         raise SelfspecError(f"draft head {path} is an {meta['head_arch']} head, not an EAGLE-1/2 one; load it with "
-                            "selfspec.heads.eagle3.load_draft_head")
-    if meta["arch"] != arch_hash(target.config):
-        raise SelfspecError(f"draft head {path} was trained for another architecture "
-                            f"(target '{meta.get('target', '?')}'); train one for this model")
+                            "selfspec.heads.checkpoints.load_draft_head")
+    state, vocab = read_head_state(path, target, meta)
     head = EagleHead(target, bias=bool(meta.get("bias", True)))
-    state = load_file(str(path / WEIGHTS_FILE))
-    d2t = state.pop("d2t", None)
-    state.pop("t2d", None)
-    if d2t is not None:
-        head.set_draft_vocab(DraftVocab.from_d2t(d2t, int(target.config.vocab_size)))
-    missing, unexpected = head.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise SelfspecError(f"draft head {path} does not match its config (missing {missing[:2]}, "
-                            f"unexpected {unexpected[:2]})")
-    head.eval()
-    return head, meta
+    head.set_draft_vocab(vocab)
+    return fill_head(head, state, path), meta

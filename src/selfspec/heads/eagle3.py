@@ -21,8 +21,8 @@ the logits of ``x_{i+2}`` and is fed back, without ``fc``, as the hidden input o
 drafting step. The target's embedding is shared and frozen (passed in, never saved).
 
 Files: as EAGLE-2 heads (``model.safetensors``, ``config.json``, ``selfspec_head.json``) with
-``head_arch: "eagle3"`` and ``feature_layers`` in the metadata; :func:`load_draft_head` loads a
-directory of either kind.
+``head_arch: "eagle3"`` and ``feature_layers`` in the metadata;
+:func:`selfspec.heads.checkpoints.load_draft_head` loads a directory of either kind.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
@@ -39,7 +38,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from ..core import kv_cache
 from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
-from .eagle import HEAD_FORMAT, WEIGHTS_FILE, EagleHead, arch_hash, load_head, read_meta, save_head_files
+from .eagle import HEAD_FORMAT, arch_hash, fill_head, read_head_state, read_meta, save_head_files
 
 HEAD_ARCH = "eagle3"
 ARCH_FIELD = "head_arch"  # selfspec_head.json: "eagle3"; absent for EAGLE-1/2 heads
@@ -236,31 +235,8 @@ def load_eagle3_head(path: Path | str, target: nn.Module, meta: dict | None = No
     meta = meta if meta is not None else read_meta(path)
     if meta.get(ARCH_FIELD) != HEAD_ARCH:
         raise SelfspecError(f"draft head {path} is not an EAGLE-3 head")
-    if meta["arch"] != arch_hash(target.config):
-        raise SelfspecError(f"draft head {path} was trained for another architecture "
-                            f"(target '{meta.get('target', '?')}'); train one for this model")
-    state = load_file(str(path / WEIGHTS_FILE))
-    d2t = state.pop("d2t", None)
-    state.pop("t2d", None)
-    vocab = DraftVocab.from_d2t(d2t, int(target.config.vocab_size)) if d2t is not None else None
-    if vocab is not None and meta.get("draft_vocab_size", vocab.size) != vocab.size:
-        raise SelfspecError(f"draft head {path} has an inconsistent reduced vocabulary (d2t / draft_vocab_size); "
-                            "retrain or restore the head")
-    head = Eagle3Head(target, meta.get("feature_layers"), vocab)
-    missing, unexpected = head.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise SelfspecError(f"draft head {path} does not match its config (missing {missing[:2]}, "
-                            f"unexpected {unexpected[:2]})")
-    head.eval()
-    return head, meta
-
-
-def load_draft_head(path: Path | str, target: nn.Module) -> tuple[EagleHead | Eagle3Head, dict]:
-    """Load a saved head of either kind (EAGLE-1/2 or EAGLE-3, from the metadata's ``head_arch``)."""
-    meta = read_meta(path)
-    if meta.get(ARCH_FIELD, "eagle") == HEAD_ARCH:
-        return load_eagle3_head(path, target, meta)
-    return load_head(path, target)
+    state, vocab = read_head_state(path, target, meta)
+    return fill_head(Eagle3Head(target, meta.get("feature_layers"), vocab), state, path), meta
 
 
 def target_features(head: nn.Module, hidden: Sequence[torch.Tensor], rows: torch.Tensor | None = None

@@ -45,7 +45,8 @@ from transformers import DynamicCache
 
 from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
-from ..heads.eagle3 import Eagle3Head, load_draft_head
+from ..heads.checkpoints import load_draft_head
+from ..heads.eagle3 import Eagle3Head
 from . import loop
 from .features import CachedSequence
 from .trainer import recorded_options, training_vocab, with_feature_noise
