@@ -1,7 +1,8 @@
 """The draft budget follows the measured cost profile and the observed acceptance."""
 
 from selfspec.core.cost import CostProfile
-from selfspec.drafters.budget import ChainBudget, ConfidenceCalibration
+from selfspec.drafters.budget import ChainBudget
+from selfspec.drafters.estimators import ConfidenceCalibration
 from selfspec.drafters.prompt_lookup import lookup
 
 

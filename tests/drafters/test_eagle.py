@@ -173,7 +173,7 @@ def test_backoff_stops_drafting_when_it_does_not_pay_and_probes():
 
 
 def test_backoff_decides_on_runs_of_steps_and_clips_spikes():
-    from selfspec.drafters.budget import Backoff
+    from selfspec.drafters.backoff import Backoff
 
     b = Backoff(t1=1.0, min_steps=4)
     b.record_plain(1.0)
@@ -203,7 +203,7 @@ def test_backoff_decides_on_runs_of_steps_and_clips_spikes():
 
 
 def test_best_size_uses_the_calibrated_acceptance():
-    from selfspec.drafters.budget import ConfidenceCalibration
+    from selfspec.drafters.estimators import ConfidenceCalibration
 
     probs = torch.tensor([0.35, 0.32, 0.31, 0.3])
     profile = CostProfile((1, 2, 5), (0.1, 0.15, 0.3), 256, "k")
@@ -218,7 +218,7 @@ def test_best_size_uses_the_calibrated_acceptance():
 
 
 def test_backoff_compares_with_measured_plain_steps():
-    from selfspec.drafters.budget import Backoff
+    from selfspec.drafters.backoff import Backoff
 
     b = Backoff(t1=0.1, min_steps=2)
     for _ in range(3):  # 2 tokens in 0.25 s: slower than the bare T(1) of the profile

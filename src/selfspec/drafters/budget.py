@@ -4,11 +4,11 @@ acceptance seen so far. Every drafter that sizes its drafts uses these pieces:
 * :func:`best_rate` - THE valuation: the draft size with the most expected tokens per unit of
   verify cost, against a plain step's one token per T(1) (:data:`PLAIN_RATE`).
   :func:`expected_tokens` and :func:`prefix_products` turn acceptance chances into its input.
-* :class:`ProbeSchedule` - THE back-off: while drafting does not pay, draft anyway every
+* :class:`~.backoff.ProbeSchedule` - THE back-off: while drafting does not pay, draft anyway every
   :data:`FIRST_PROBE` steps so the estimates can recover; the interval doubles after each probe
   up to :data:`MAX_PROBE` and resets once drafting pays, so a draft that never pays costs ever less.
-* :class:`DecayedRates` - acceptance estimates with exponential forgetting, started from a prior.
-* :class:`Backoff` - the same schedule driven by measured tokens per second (EAGLE trees).
+* :class:`~.estimators.DecayedRates` - acceptance estimates with exponential forgetting, started from a prior.
+* :class:`~.backoff.Backoff` - the same schedule driven by measured tokens per second (EAGLE trees).
 * Timing comes from :mod:`selfspec.core.timing` (it syncs on CUDA). Under rejection sampling
   (``state.rejection``) drafters never size drafts from the wall clock: they pass ``None``
   seconds and skip timing-driven decisions, so a draft depends on the request alone.
@@ -28,23 +28,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from ..core.cost import CostProfile
-
-PLAIN_RATE = 1.0
-"""Tokens per T(1) of a plain (undrafted) step: a draft size must beat it to be worth verifying."""
-FIRST_PROBE = 8
-"""Steps between probe drafts once drafting stops paying."""
-MAX_PROBE = 64
-"""The longest probe interval: it doubles after each probe, up to this."""
-PRIOR_WEIGHT = 2.0
-"""Pseudo-observations behind a prior acceptance (how fast real observations override it)."""
-CHAIN_DECAY = 0.95
-"""Weight of past observations per drafting step in :class:`ChainBudget`'s single acceptance rate."""
-RATE_DECAY = 0.97
-"""Weight of past observations per verified step in per-position / per-node rates
-(:class:`PositionalAcceptance`, MSN's template nodes): each sees fewer observations per step."""
-COST_EMA = 0.8
-"""Weight of the past in the moving estimates of measured seconds (draft cost per token in
-:class:`ChainBudget`; tokens and seconds of drafted steps in :class:`Backoff`)."""
+from .backoff import ProbeSchedule
+from .estimators import (
+    CHAIN_DECAY,
+    COST_EMA,
+    FIRST_PROBE,
+    MAX_PROBE,
+    PLAIN_RATE,
+    PRIOR_WEIGHT,
+    RATE_DECAY,
+    ConfidenceCalibration,
+    DecayedRates,
+)
 
 
 def prefix_products(rates: Iterable[float]) -> list[float]:
@@ -88,201 +83,6 @@ def best_rate(tokens: Sequence[float], cost: Callable[[int], float],
         if rate > best:
             best_n, best = n, rate
     return best_n, best
-
-
-class ProbeSchedule:
-    """Back-off while drafting does not pay: a probe draft every ``every`` steps, the interval
-    doubling after each probe (up to ``max_probe``) and back at ``first_probe`` once drafting pays.
-
-    Attributes:
-        every: the current interval; since: steps waited since the last probe.
-    """
-
-    def __init__(self, first_probe: int = FIRST_PROBE, max_probe: int = MAX_PROBE) -> None:
-        self.first_probe, self.max_probe = first_probe, max_probe
-        self.every, self.since = first_probe, 0
-
-    def pays(self) -> None:
-        """Drafting pays: the next back-off starts at the first interval."""
-        self.every = self.first_probe
-
-    def due(self) -> bool:
-        """One step on which drafting does not pay: True when a probe is due (the interval then
-        doubles, up to ``max_probe``)."""
-        self.since += 1
-        if self.since < self.every:
-            return False
-        self.since = 0
-        self.every = min(2 * self.every, self.max_probe)
-        return True
-
-    def pick(self, best: int, rate: float, probe: int | None = None) -> int:
-        """The draft size for this step, given :func:`best_rate`'s ``best`` size and its ``rate``
-        (units of T(1)): ``best`` when it pays; else ``probe`` (default ``best``) when a probe is
-        due, else 0 (a plain step)."""
-        if not best:
-            return 0
-        if rate > PLAIN_RATE:
-            self.pays()
-            return best
-        return (best if probe is None else probe) if self.due() else 0
-
-
-class DecayedRates:
-    """Acceptance of each of a fixed set of slots (draft positions, tree template nodes): hits per
-    try with exponential forgetting, from a prior worth :data:`PRIOR_WEIGHT` observations."""
-
-    def __init__(self, prior: Iterable[float], decay: float = RATE_DECAY) -> None:
-        self.decay = decay
-        self.hits = [PRIOR_WEIGHT * a for a in prior]
-        self.tries = [PRIOR_WEIGHT] * len(self.hits)
-
-    def __len__(self) -> int:
-        return len(self.hits)
-
-    def rate(self, j: int) -> float:
-        return self.hits[j] / self.tries[j]
-
-    def rates(self) -> list[float]:
-        return [h / t for h, t in zip(self.hits, self.tries)]
-
-    def observe(self, j: int, hit: bool) -> None:
-        """Slot ``j`` was verified (tried) and accepted or not."""
-        self.tries[j] = self.tries[j] * self.decay + 1.0
-        self.hits[j] = self.hits[j] * self.decay + (1.0 if hit else 0.0)
-
-
-class ConfidenceCalibration:
-    """The chance that a draft token is accepted given its draft confidence (the draft's own
-    probability of the token it proposes), learned online per confidence decile.
-
-    A draft's confidence is a poor acceptance estimate when the draft is a near copy of the
-    target: SmolLM2's whole-model int8 draft agrees with the target on 85% of the tokens it
-    proposes with confidence 0.2-0.3 (MT-bench). Each decile keeps a ratio, accepted drafts per
-    unit of their summed confidence, and a draft of confidence c gets ``c`` times its decile's
-    ratio (at most 1; the ratio at most what takes the decile's midpoint to 1). A ratio, not the
-    decile's acceptance itself: in an EAGLE tree most candidates have path probabilities far
-    below 0.1, and giving each the acceptance measured for the lowest decile (0.04, from the
-    candidates near 0.1 that get verified) summed to several phantom tokens and sized 64-node
-    trees (3 T(1)) that committed 2. Ratios start at 1 (the identity, worth :data:`PRIOR_WEIGHT`
-    drafts at the midpoint) and follow what verification shows, with :data:`RATE_DECAY`
-    forgetting. Only the verified prefix up to the first rejection is observed: drafts after a
-    rejection were never tested on their own.
-    """
-
-    BINS = 10
-
-    def __init__(self, decay: float = RATE_DECAY) -> None:
-        self.decay = decay
-        mids = [(i + 0.5) / self.BINS for i in range(self.BINS)]
-        self.hits = [PRIOR_WEIGHT * m for m in mids]  # decayed accepted drafts per decile
-        self.mass = [PRIOR_WEIGHT * m for m in mids]  # decayed summed confidence of its tested drafts
-        self.caps = [1.0 / m for m in mids]
-
-    def _bin(self, confidence: float) -> int:
-        return min(max(int(confidence * self.BINS), 0), self.BINS - 1)
-
-    def ratio(self, j: int) -> float:
-        """Accepted drafts per unit of confidence in decile ``j``."""
-        return min(self.hits[j] / self.mass[j], self.caps[j]) if self.mass[j] > 0 else self.caps[j]
-
-    def __call__(self, confidence: float) -> float:
-        """The estimated acceptance of a draft of this confidence."""
-        return min(1.0, confidence * self.ratio(self._bin(confidence)))
-
-    def table(self) -> list[float]:
-        """Each decile's ratio, lowest first (for vectorised lookups: chance = min(1, c * ratio))."""
-        return [self.ratio(j) for j in range(self.BINS)]
-
-    def observe_one(self, confidence: float, hit: bool) -> None:
-        """One draft of this confidence was tested and accepted or not."""
-        j = self._bin(confidence)
-        self.mass[j] = self.mass[j] * self.decay + max(confidence, 0.0)
-        self.hits[j] = self.hits[j] * self.decay + (1.0 if hit else 0.0)
-
-    def observe(self, confidences: Sequence[float], verified: int, accepted: int) -> None:
-        """One verified chain: its first ``verified`` drafts (confidences in draft order) were
-        checked and the first ``accepted`` of them kept."""
-        for j in range(min(verified, accepted + 1, len(confidences))):
-            self.observe_one(confidences[j], j < accepted)
-
-
-class Backoff:
-    """Plain decoding while drafted steps commit fewer tokens per second than plain steps; probes
-    follow a :class:`ProbeSchedule`. Fed measured seconds, so never under rejection sampling (see
-    module docstring).
-
-    Plain steps are measured in place (:meth:`record_plain`) as soon as there are any: a step of
-    the decode loop costs more than the profile's T(1) (acceptance, cache bookkeeping, the hidden
-    states a head needs), and comparing drafted steps, which carry that overhead, against the bare
-    T(1) switched drafting off where it paid (SmolLM2 with the 5x-token EAGLE head: 4% of steps
-    drafted, 1.04x `ar`, against 1.22x drafting every step). Until a plain step is measured the
-    profile's T(1) stands in.
-
-    One drafted step is a noisy sample: with depth-1 acceptance near 0.5 it commits 1 token about
-    half the time, and a step now and then costs several T(1) (a tree sized from an estimate
-    that was off, a long prompt's catch-up). So decisions are taken on runs of steps, not on
-    one: drafting is switched off only after ``min_steps`` drafted steps since it was last
-    switched on, a probe is a burst of ``min_steps`` drafted steps judged at its end, and a step's
-    seconds count at most :data:`OUTLIER` plain steps (a spike still says "does not pay" unless
-    the step committed that many tokens).
-
-    Args:
-        t1: seconds of a one-token verify (the ar step), or None to always draft.
-        min_steps: drafted steps behind every decision (and the length of a probe burst).
-    """
-
-    OUTLIER = 3.0
-    """A drafted step's measured seconds count at most this many plain steps."""
-
-    def __init__(self, t1: float | None, min_steps: int = 4, first_probe: int = FIRST_PROBE,
-                 max_probe: int = MAX_PROBE) -> None:
-        self.t1 = t1
-        self.min_steps = min_steps
-        self.schedule = ProbeSchedule(first_probe, max_probe)
-        self.tokens = self.seconds = 0.0  # exponential moving sums over drafted steps
-        self.plain_seconds = 0.0  # moving estimate of a measured plain step (0: none yet)
-        self.steps = 0  # drafted steps since drafting was switched on (or since the probe began)
-        self.burst = 0  # drafted steps left in the current probe
-        self.off = False
-
-    @property
-    def probe_every(self) -> int:
-        return self.schedule.every
-
-    def draft_now(self) -> bool:
-        """Whether to draft this step (called once per step that has room to draft)."""
-        if not self.off or self.burst > 0:
-            return True
-        if self.schedule.due():
-            self.burst = self.min_steps
-            return True
-        return False
-
-    def record_plain(self, seconds: float) -> None:
-        """One plain step (the pending token verified alone) took ``seconds``, timed like drafted
-        steps (from the drafter's propose to its observe)."""
-        if self.t1 is None:
-            return
-        self.plain_seconds = seconds if self.plain_seconds == 0 else (
-            COST_EMA * self.plain_seconds + (1 - COST_EMA) * seconds)
-
-    def record(self, committed: int, seconds: float) -> None:
-        """One drafted step committed ``committed`` tokens in ``seconds`` (draft + verify)."""
-        if self.t1 is None:
-            return
-        plain = self.plain_seconds or self.t1
-        self.tokens = COST_EMA * self.tokens + committed
-        self.seconds = COST_EMA * self.seconds + min(seconds, self.OUTLIER * plain)
-        self.steps += 1
-        pays = self.tokens / self.seconds >= 1.0 / plain
-        if self.off:  # a probe burst: judged at its end
-            self.burst = max(self.burst - 1, 0)
-            if self.burst == 0 and pays:
-                self.off, self.steps = False, 0
-                self.schedule.pays()
-        elif self.steps >= self.min_steps and not pays:
-            self.off, self.schedule.since, self.steps = True, 0, 0
 
 
 class ChainBudget:

@@ -45,7 +45,9 @@ from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head, target_features
-from .budget import PLAIN_RATE, Backoff, ConfidenceCalibration, best_rate
+from .backoff import Backoff
+from .budget import best_rate
+from .estimators import PLAIN_RATE, ConfidenceCalibration
 from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
 

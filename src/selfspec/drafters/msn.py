@@ -37,7 +37,9 @@ from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .budget import FIRST_PROBE, MAX_PROBE, RATE_DECAY, DecayedRates, ProbeSchedule, best_rate, expected_tokens
+from .backoff import ProbeSchedule
+from .budget import best_rate, expected_tokens
+from .estimators import FIRST_PROBE, MAX_PROBE, RATE_DECAY, DecayedRates
 from .spec import ALWAYS, BuildContext, MethodSpec, check_numbers, need, option
 
 TOP_K = 10  # alternatives per depth (ranks 0..9)
@@ -106,7 +108,7 @@ class NodeRates:
         template: rank paths, parents first.
         profile: the target's verify-cost profile, or None (then ``choose`` returns its cap).
         decay: weight of old observations per verified step.
-        first_probe / max_probe: the :class:`~selfspec.drafters.budget.ProbeSchedule` of small
+        first_probe / max_probe: the :class:`~selfspec.drafters.backoff.ProbeSchedule` of small
             probe trees verified while no tree pays, so the estimates can recover.
     """
 

@@ -36,7 +36,8 @@ from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
 from ..decoding.protocol import Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .budget import PLAIN_RATE, PositionalAcceptance
+from .budget import PositionalAcceptance
+from .estimators import PLAIN_RATE
 from .spec import IF_FINE_TUNED, BuildContext, MethodSpec, check_numbers, finetuned_ids, need, option
 
 
