@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import selfspec
 from selfspec.core import kv_cache
 from selfspec.core.draft_vocab import DraftVocab
-from selfspec.drafters.eagle3 import HeadLMHead
+from selfspec.drafters.eagle_heads import HeadLMHead
 from selfspec.errors import SelfspecError
 from selfspec.heads.checkpoints import load_draft_head
 from selfspec.heads.eagle import EagleHead, load_head

@@ -42,11 +42,11 @@ from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from ..errors import SelfspecError
 from ..heads.eagle import EagleHead
-from ..heads.eagle3 import Eagle3Head, target_features
+from ..heads.eagle3 import target_features
 from .backoff import Backoff
 from .budget import best_rate
+from .eagle_heads import draft_lm_head, load_head_for
 from .estimators import PLAIN_RATE, ConfidenceCalibration
 from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
@@ -342,74 +342,11 @@ class EagleDrafter:
         return Proposal(tree)
 
 
-def load_head_for(target, cfg: EagleConfig, method: str) -> tuple[EagleHead | Eagle3Head, str]:
-    """The head of ``eagle2`` / ``hass`` and where it came from: ``cfg.head`` (a directory holding
-    an EAGLE-1/2 or EAGLE-3 head: selfspec's own, an export, or an official EAGLE checkpoint in
-    safetensors; or ``random[:SEED]`` / ``random-eagle3[:SEED]`` for an untrained
-    EAGLE-2 / EAGLE-3 head: tests and lower bounds), else the trained one in
-    ``$SELFSPEC_HOME/heads``, else the one shipped with the package."""
-    from pathlib import Path
-
-    from ..heads import find_head_dir
-    from ..heads.checkpoints import load_draft_head
-
-    if cfg.head.startswith("random"):
-        kind, _, seed_text = cfg.head.partition(":")
-        try:
-            if kind not in ("random", "random-eagle3"):
-                raise ValueError(kind)
-            seed = int(seed_text or 0)
-        except ValueError as e:
-            raise SelfspecError(f"head {cfg.head!r}: use random[:SEED] or random-eagle3[:SEED] (SEED an "
-                                "integer)") from e
-        with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
-            torch.manual_seed(seed)
-            if kind == "random-eagle3":  # drafts over the vocabulary asked for (draft_vocab N > 0), else all
-                from ..models.draft_vocab import draft_vocab_for
-
-                vocab = draft_vocab_for(target, cfg.draft_vocab) if cfg.draft_vocab > 0 else None
-                return Eagle3Head(target.model, draft_vocab=vocab).eval(), f"random-eagle3:{seed}"
-            return EagleHead(target.model).eval(), f"random:{seed}"
-    found = None if cfg.head else find_head_dir(target.name, method)
-    if not cfg.head and found is None:
-        raise SelfspecError(
-            f"no trained {method} head for model '{target.name}': train one with `bash scripts/train_hass.sh` "
-            f"(or `selfspec train hass --model {target.name} --out DIR`) and pass head=DIR (--head DIR)")
-    path = cfg.head or str(found)
-    if cfg.head and not Path(cfg.head).exists():  # a file: load_head says so
-        raise SelfspecError(f"head directory {cfg.head} does not exist; pass a directory written by "
-                            "`selfspec train hass`, or an EAGLE checkpoint directory (--head DIR)")
-    head, _ = load_draft_head(path, target.model)
-    return head, path
-
-
-def draft_lm_head(target, head: EagleHead | Eagle3Head, size: int) -> DraftLMHead:
-    """The head's draft LM head: ``size`` -1 = the head's stored draft vocabulary (the full one
-    where it has none), 0 = the full vocabulary, N = the model's top-N ranking. An EAGLE-3 head
-    drafts with its own norm and LM head over the vocabulary it was trained with, so ``size``
-    must be -1 or name that same vocabulary."""
-    from ..models.draft_vocab import draft_vocab_for
-
-    if isinstance(head, Eagle3Head):
-        from .eagle3 import HeadLMHead
-
-        if size != -1:
-            want = draft_vocab_for(target, size)
-            have = head.draft_vocab
-            if (want is None) != (have is None) or (want is not None and not torch.equal(want.ids, have.ids)):
-                n = head.lm_head.out_features
-                raise SelfspecError(f"an EAGLE-3 head drafts with its own LM head over the vocabulary it was trained "
-                                    f"with ({n} tokens); drop draft_vocab (--draft-vocab) or pass -1")
-        return HeadLMHead(head, target.backend)
-    vocab = head.draft_vocab if size == -1 else draft_vocab_for(target, size)
-    return DraftLMHead(target.model.get_output_embeddings(), vocab, target.backend)
-
-
 def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> EagleDrafter:
     from ..core.cost import load_or_measure
     from ..kernels.backends import convert_linears
 
-    head, source = load_head_for(target, cfg, spec.name)
+    head, source = load_head_for(target, cfg.head, cfg.draft_vocab, spec.name)
     convert_linears(head, target.backend)  # the head's layer on the target's kernels, like its LM head
     profile = None if cfg.total_tokens else load_or_measure(target.model, target.name, target.backend)
     return EagleDrafter(spec.name, target.model, head, cfg, profile, source,
