@@ -36,11 +36,12 @@ def test_cli_source_names_no_method():
 
 
 def test_autoselect_names_no_method():
-    """``auto`` takes its candidates from the registry: no string literal of autoselect.py is a
+    """``auto`` takes its candidates from the registry: no string literal of the autoselect package is a
     registered method's name, nor a label made of one (``ar@...``); docstrings aside."""
     import selfspec.autoselect as autoselect
 
-    tree = ast.parse(Path(autoselect.__file__).read_text())
+    tree = ast.Module(body=[stmt for f in sorted(Path(autoselect.__file__).parent.glob("*.py"))
+                            for stmt in ast.parse(f.read_text()).body], type_ignores=[])
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                   if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
                   and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}

@@ -1,42 +1,20 @@
-"""``auto``: the fastest exact configuration for this model here, chosen end to end.
-
-A configuration (:class:`Candidate`) is a method, its verify kernels (the lossless fp32 backends
-that run here) and, where the method has that option, its draft precision (drafts need no
-exactness: verification stays on the verify kernels). Methods come from the registry's specs
-(:class:`~selfspec.drafters.spec.AutoCandidacy`); this module names none and never calls
-``api.load``. The cross product is measured by greedy decode tokens/s on the shipped calibration
-prompts, in the process that will decode, the kernels switched in place, by successive halving
-(:data:`ROUNDS`): every candidate decodes one prompt, the fastest few two more, interleaved, the
-best two the last, and the fastest over all it decoded wins (:func:`select`). Not a proxy: T(1) +
-T(4) chose the slower kernels on an Intel AMX Xeon (the default ran at 0.86x the best fixed
-configuration). Where the method is chosen, a candidate whose ids differ from the reference's
-(``ar``) on the same kernels is disqualified. ``--method M`` leaves only kernels to choose (no
-reference), ``--kernels X`` only methods, both nothing.
-
-The choice is cached per model, machine and candidate list (a new head, skip config or fine-tune
-means a new measurement); ``remeasure`` redoes it, a corrupt cache is measured again, and a
-choice calibrated while the machine was busy is redone on a later start that finds it quiet.
-See ``docs/DESIGN.md``, "Choosing the configuration".
-"""
+"""``auto``'s calibration: the candidate configurations (method, verify kernels, draft precision)
+from the registry's specs, and their measurement by successive halving within a time budget
+(:func:`measure`, :func:`fit_round`), and the pick among the finalists (:func:`select`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Protocol
 
-from .core import cost
-from .core.cost import profile_key, profile_path, save_cache
-from .core.machine import LoadMonitor
-from .drafters.spec import AutoContext, MethodSpec
-from .errors import SelfspecError
-from .models.loading import LoadedModel
+from ..drafters.spec import AutoContext, MethodSpec
+from ..errors import SelfspecError
+from ..models.loading import LoadedModel
 
 log = logging.getLogger("selfspec.auto")
 
@@ -144,7 +122,7 @@ def candidates(target: LoadedModel, specs: Iterable[MethodSpec], kernels: Sequen
     ctx = ctx or AutoContext()
     usable = ctx.draft_precisions
     if usable is None:
-        from .kernels.switch import draft_precisions
+        from ..kernels.switch import draft_precisions
 
         usable, left_out = draft_precisions(next(target.model.parameters()).device.type)
         for precision, why in left_out.items():
@@ -350,109 +328,3 @@ def fit_round(n_prompts: int, keep: int, per_prompt: Sequence[float], left_s: fl
     return None
 
 
-def _artefacts(target: LoadedModel, cands: Sequence[Candidate]) -> list:
-    """Size and modification time of every file the candidates' drafts are built from (shipped
-    and user heads, skip configs, draft vocabulary rankings): a new head or config, installed or
-    trained, invalidates the cached choice."""
-    from .heads import default_head_dir, shipped_head_dir
-    from .paths import model_key, selfspec_home
-
-    key = model_key(target.name)
-    data = Path(str(resources.files("selfspec"))) / "data"
-    paths = [data / "skip_configs" / f"{key}.json", data / "draft_vocab" / f"{key}.json",
-             selfspec_home() / "skip_configs" / f"{key}.json", selfspec_home() / "draft_vocab" / f"{key}.json"]
-    for method in dict.fromkeys(c.method for c in cands):  # head directories exist for head methods only
-        for d in (shipped_head_dir(target.name, method), default_head_dir(target.name, method)):
-            if d is not None:
-                paths += [d / "model.safetensors", d / "selfspec_head.json"]
-    out = []
-    for p in paths:
-        try:
-            st = p.stat()
-            out.append([str(p), st.st_size, st.st_mtime_ns])
-        except OSError:
-            pass
-    return out
-
-
-def cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
-    """Model, dtype, device, machine (CPU, threads, torch), candidate list and draft artefacts."""
-    sig = hashlib.sha256(json.dumps([[[c.method, c.options, c.kernels, c.precision] for c in cands],
-                                     _artefacts(target, cands), CALIBRATION_PROMPTS, CALIBRATION_TOKENS,
-                                     list(ROUNDS)], sort_keys=True).encode()).hexdigest()
-    return profile_key(target.model, target.name, "auto") + f"|{CACHE_FORMAT}|{sig[:12]}"
-
-
-def cache_path(target: LoadedModel, cands: Sequence[Candidate]) -> Path:
-    return profile_path(cache_key(target, cands))
-
-
-def read_cache(path: Path, cands: Sequence[Candidate]) -> Choice | None:
-    """The cached choice, or None when missing, corrupt or naming no current candidate."""
-    by_label = {c.label: c for c in cands}
-
-    def parse(d: dict) -> Choice | None:
-        label, table, pruned, busy = d["choice"], d["table"], d["pruned"], d["busy"]
-        if label not in by_label or not isinstance(busy, bool):
-            return None
-        return Choice(by_label[label], {str(k): float(v) for k, v in table.items()},
-                      {str(k): float(v) for k, v in pruned.items()}, cached=True, busy=busy)
-
-    return cost.read_cache(path, parse)
-
-
-def machine_busy() -> bool:
-    """Whether other processes keep this machine busy right now (by the load average)."""
-    return LoadMonitor().start().stop().contended
-
-
-def choose(target: LoadedModel, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
-           reference: str | None = None, remeasure: bool = False, prompts: Sequence[str] | None = None,
-           clock: Callable[[], float] = time.perf_counter, monitor: Callable[[], LoadMonitor] = LoadMonitor,
-           busy_now: Callable[[], bool] = machine_busy) -> Choice:
-    """The fastest candidate for ``target`` here: cached, else measured (and cached).
-
-    Args:
-        make: builds a candidate's generator on ``target`` (see :func:`measure`).
-        cands: the configurations to choose from (:func:`candidates`, or one method on several
-            kernels); a single one is returned without measuring.
-        reference: the method every other candidate's ids must equal on the same kernels (None
-            where the method is fixed and only kernels are chosen).
-        remeasure: measure even if a choice is cached.
-        prompts: calibration prompts (default :func:`calibration_prompts`).
-        clock, monitor, busy_now: the timer, the load monitor of the calibration, and whether
-            the machine is busy now (a cached choice measured while busy is redone when quiet).
-    """
-    if not cands:
-        raise SelfspecError("auto has no candidate configuration to choose from")
-    if len(cands) == 1:
-        return Choice(cands[0])
-    key = cache_key(target, cands)
-    if not remeasure:
-        cached = read_cache(profile_path(key), cands)
-        if cached is not None and not (cached.busy and not busy_now()):
-            return cached
-        if cached is not None:
-            log.info("auto: the cached choice was measured while the machine was busy; it is quiet now: measuring "
-                     "again")
-    prompts = list(prompts) if prompts is not None else calibration_prompts()
-    kernels = ", ".join(dict.fromkeys(c.kernels for c in cands))
-    log.info("auto: measuring %d configurations (%s on %s kernels) on %d calibration prompts for %s (once; "
-             "--remeasure redoes it) ...", len(cands), ", ".join(dict.fromkeys(c.method for c in cands)), kernels,
-             len(prompts), target.name)
-    t0 = clock()
-    mon = monitor().start()
-    cal = measure(make, cands, prompts, reference, clock=clock)
-    mon.stop()
-    table = cal.finalists()
-    label = select(table, cal.identical)
-    if label is None:
-        raise SelfspecError("auto: no candidate configuration ran here (see the notes above)")
-    choice = Choice(next(c for c in cands if c.label == label), table, cal.pruned(), busy=mon.contended)
-    ranked = sorted(table.items(), key=lambda kv: -kv[1])
-    log.info("auto: chose %s (%s tok/s; %.0f s%s)", label, ", ".join(f"{k} {v:.1f}" for k, v in ranked),
-             clock() - t0, "; the machine was busy: measured again on a quiet start" if choice.busy else "")
-    save_cache(key, {"format": CACHE_FORMAT, "choice": label, "table": table, "pruned": choice.pruned,
-                     "busy": choice.busy, "load": mon.summary(), "candidates": [c.label for c in cands],
-                     "prompts": len(prompts), "max_new_tokens": CALIBRATION_TOKENS}, "auto choice")
-    return choice

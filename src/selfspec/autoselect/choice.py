@@ -1,0 +1,141 @@
+"""``auto``'s choice: cached per model, machine, candidate list and draft artefacts
+(:func:`cache_key`), else calibrated (:mod:`.calibration`) and cached; a choice measured while the
+machine was busy is measured again on a quiet start."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+
+from ..core import cost
+from ..core.cost import profile_key, profile_path, save_cache
+from ..core.machine import LoadMonitor
+from ..errors import SelfspecError
+from ..models.loading import LoadedModel
+from .calibration import (
+    CACHE_FORMAT,
+    CALIBRATION_PROMPTS,
+    CALIBRATION_TOKENS,
+    ROUNDS,
+    Candidate,
+    Choice,
+    Decoder,
+    calibration_prompts,
+    measure,
+    select,
+)
+
+log = logging.getLogger("selfspec.auto")
+
+
+def _artefacts(target: LoadedModel, cands: Sequence[Candidate]) -> list:
+    """Size and modification time of every file the candidates' drafts are built from (shipped
+    and user heads, skip configs, draft vocabulary rankings): a new head or config, installed or
+    trained, invalidates the cached choice."""
+    from ..heads import default_head_dir, shipped_head_dir
+    from ..paths import model_key, selfspec_home
+
+    key = model_key(target.name)
+    data = Path(str(resources.files("selfspec"))) / "data"
+    paths = [data / "skip_configs" / f"{key}.json", data / "draft_vocab" / f"{key}.json",
+             selfspec_home() / "skip_configs" / f"{key}.json", selfspec_home() / "draft_vocab" / f"{key}.json"]
+    for method in dict.fromkeys(c.method for c in cands):  # head directories exist for head methods only
+        for d in (shipped_head_dir(target.name, method), default_head_dir(target.name, method)):
+            if d is not None:
+                paths += [d / "model.safetensors", d / "selfspec_head.json"]
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+            out.append([str(p), st.st_size, st.st_mtime_ns])
+        except OSError:
+            pass
+    return out
+
+
+def cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
+    """Model, dtype, device, machine (CPU, threads, torch), candidate list and draft artefacts."""
+    sig = hashlib.sha256(json.dumps([[[c.method, c.options, c.kernels, c.precision] for c in cands],
+                                     _artefacts(target, cands), CALIBRATION_PROMPTS, CALIBRATION_TOKENS,
+                                     list(ROUNDS)], sort_keys=True).encode()).hexdigest()
+    return profile_key(target.model, target.name, "auto") + f"|{CACHE_FORMAT}|{sig[:12]}"
+
+
+def cache_path(target: LoadedModel, cands: Sequence[Candidate]) -> Path:
+    return profile_path(cache_key(target, cands))
+
+
+def read_cache(path: Path, cands: Sequence[Candidate]) -> Choice | None:
+    """The cached choice, or None when missing, corrupt or naming no current candidate."""
+    by_label = {c.label: c for c in cands}
+
+    def parse(d: dict) -> Choice | None:
+        label, table, pruned, busy = d["choice"], d["table"], d["pruned"], d["busy"]
+        if label not in by_label or not isinstance(busy, bool):
+            return None
+        return Choice(by_label[label], {str(k): float(v) for k, v in table.items()},
+                      {str(k): float(v) for k, v in pruned.items()}, cached=True, busy=busy)
+
+    return cost.read_cache(path, parse)
+
+
+def machine_busy() -> bool:
+    """Whether other processes keep this machine busy right now (by the load average)."""
+    return LoadMonitor().start().stop().contended
+
+
+def choose(target: LoadedModel, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
+           reference: str | None = None, remeasure: bool = False, prompts: Sequence[str] | None = None,
+           clock: Callable[[], float] = time.perf_counter, monitor: Callable[[], LoadMonitor] = LoadMonitor,
+           busy_now: Callable[[], bool] = machine_busy) -> Choice:
+    """The fastest candidate for ``target`` here: cached, else measured (and cached).
+
+    Args:
+        make: builds a candidate's generator on ``target`` (see :func:`measure`).
+        cands: the configurations to choose from (:func:`candidates`, or one method on several
+            kernels); a single one is returned without measuring.
+        reference: the method every other candidate's ids must equal on the same kernels (None
+            where the method is fixed and only kernels are chosen).
+        remeasure: measure even if a choice is cached.
+        prompts: calibration prompts (default :func:`calibration_prompts`).
+        clock, monitor, busy_now: the timer, the load monitor of the calibration, and whether
+            the machine is busy now (a cached choice measured while busy is redone when quiet).
+    """
+    if not cands:
+        raise SelfspecError("auto has no candidate configuration to choose from")
+    if len(cands) == 1:
+        return Choice(cands[0])
+    key = cache_key(target, cands)
+    if not remeasure:
+        cached = read_cache(profile_path(key), cands)
+        if cached is not None and not (cached.busy and not busy_now()):
+            return cached
+        if cached is not None:
+            log.info("auto: the cached choice was measured while the machine was busy; it is quiet now: measuring "
+                     "again")
+    prompts = list(prompts) if prompts is not None else calibration_prompts()
+    kernels = ", ".join(dict.fromkeys(c.kernels for c in cands))
+    log.info("auto: measuring %d configurations (%s on %s kernels) on %d calibration prompts for %s (once; "
+             "--remeasure redoes it) ...", len(cands), ", ".join(dict.fromkeys(c.method for c in cands)), kernels,
+             len(prompts), target.name)
+    t0 = clock()
+    mon = monitor().start()
+    cal = measure(make, cands, prompts, reference, clock=clock)
+    mon.stop()
+    table = cal.finalists()
+    label = select(table, cal.identical)
+    if label is None:
+        raise SelfspecError("auto: no candidate configuration ran here (see the notes above)")
+    choice = Choice(next(c for c in cands if c.label == label), table, cal.pruned(), busy=mon.contended)
+    ranked = sorted(table.items(), key=lambda kv: -kv[1])
+    log.info("auto: chose %s (%s tok/s; %.0f s%s)", label, ", ".join(f"{k} {v:.1f}" for k, v in ranked),
+             clock() - t0, "; the machine was busy: measured again on a quiet start" if choice.busy else "")
+    save_cache(key, {"format": CACHE_FORMAT, "choice": label, "table": table, "pruned": choice.pruned,
+                     "busy": choice.busy, "load": mon.summary(), "candidates": [c.label for c in cands],
+                     "prompts": len(prompts), "max_new_tokens": CALIBRATION_TOKENS}, "auto choice")
+    return choice
