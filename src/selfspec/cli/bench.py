@@ -11,7 +11,7 @@ from .common import add_model_args, setup
 def add_parser(sub) -> None:
     """Register ``selfspec bench`` on the subcommand set ``sub``."""
     b = sub.add_parser("bench", help="measure methods and peers against ar on a prompt set")
-    from ..bench.runner import add_bench_args
+    from ..bench.options import add_bench_args
 
     add_bench_args(b)
     add_model_args(b, method=False, many=True)
@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench.runner import BenchOptions, run_bench
+    from ..bench.command import run_bench
+    from ..bench.options import BenchOptions
     from ..registry import AUTO, BASELINE, METHODS
 
     setup(args)
