@@ -53,7 +53,7 @@ from .trainer import recorded_options, training_vocab, with_feature_noise
 
 
 @dataclass(frozen=True)
-class Eagle3Options:
+class Eagle3Options(loop.TrainingOptions):
     """Hyper-parameters of EAGLE-3 head training (``docs/methods/hass.md`` "EAGLE-3 heads").
 
     Attributes:
@@ -78,17 +78,7 @@ class Eagle3Options:
     detach: bool = False
     draft_vocab: int = 0
     feature_layers: tuple[int, ...] = ()
-    epochs: int = 2
-    max_steps: int = 0
-    lr: float = 3e-4
-    batch_size: int = 4
     noise: float = 0.0
-    clip: float = 0.5
-    weight_decay: float = 0.01
-    warmup: float = 0.01
-    val_fraction: float = 0.05
-    seed: int = 0
-    checkpoint_every: int = 200
     init: str = ""
 
 
@@ -330,10 +320,7 @@ def train_eagle3(target: nn.Module, seqs: Sequence[CachedSequence], out: Path, o
         model.head.save(out, {**meta, "method": method, "options": options, "steps": state["step"],
                               "validation": state["val"][-1] if state["val"] else {}})
 
-    lopts = loop.LoopOptions(epochs=opts.epochs, max_steps=opts.max_steps, lr=opts.lr, schedule="linear",
-                             final_lr=0.0, warmup=opts.warmup, batch_size=opts.batch_size, clip=opts.clip,
-                             clip_by="value", val_fraction=opts.val_fraction, seed=opts.seed,
-                             checkpoint_every=opts.checkpoint_every)
+    lopts = opts.loop_options()
     groups = [{"params": list(head.parameters()), "weight_decay": opts.weight_decay}]
     return loop.train(Eagle3TTT(head, opts.steps, opts.detach), Eagle3Objective(target, opts, vocab), seqs, out,
                       lopts, options, groups, save, resume=resume, progress=progress, accelerator=acc)

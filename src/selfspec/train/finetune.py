@@ -21,7 +21,7 @@ import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -31,7 +31,7 @@ from .conversations import Example
 
 
 @dataclass(frozen=True)
-class FinetuneOptions:
+class FinetuneOptions(loop.TrainingOptions):
     """Hyper-parameters of the shared fine-tuning loop.
 
     Attributes:
@@ -54,17 +54,14 @@ class FinetuneOptions:
     lora_rank: int = 16
     lora_alpha: float = 32.0
     lora_targets: str = "all-linear"
-    epochs: int = 2
-    max_steps: int = 0
-    lr: float = 3e-4
     final_lr: float = 0.2
-    batch_size: int = 4
     weight_decay: float = 0.0
     clip: float = 1.0
     warmup: float = 0.05
-    val_fraction: float = 0.05
-    seed: int = 0
     checkpoint_every: int = 50
+
+    SCHEDULE: ClassVar[str] = "cosine"
+    CLIP_BY: ClassVar[str] = "norm"
 
 
 class FinetuneObjective(loop.Objective, Protocol):
@@ -202,9 +199,6 @@ def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objecti
             tokenizer.save_pretrained(str(out))
             (out / META_FILE).write_text(json.dumps(info, indent=1) + "\n")
 
-    lopts = loop.LoopOptions(epochs=opts.epochs, max_steps=opts.max_steps, lr=opts.lr, schedule="cosine",
-                             final_lr=opts.final_lr, warmup=opts.warmup, batch_size=opts.batch_size, clip=opts.clip,
-                             clip_by="norm", val_fraction=opts.val_fraction, seed=opts.seed,
-                             checkpoint_every=opts.checkpoint_every)
+    lopts = opts.loop_options(opts.final_lr)
     return loop.train(model, objective, examples, out, lopts, options, groups, save, resume=resume,
                       progress=progress, accelerator=acc)

@@ -27,7 +27,7 @@ from .losses import LossWeights, pass_losses, teacher
 
 
 @dataclass(frozen=True)
-class TrainOptions:
+class TrainOptions(loop.TrainingOptions):
     """Hyper-parameters (defaults: see ``docs/methods/hass.md`` for the paper's and why ours differ).
 
     Attributes:
@@ -62,17 +62,7 @@ class TrainOptions:
     reg_weight: float = 1.0
     cls_weight: float = 0.1
     beta: float = 1.0
-    epochs: int = 2
-    max_steps: int = 0
-    lr: float = 3e-4
-    batch_size: int = 4
     noise: float = 0.1
-    clip: float = 0.5
-    weight_decay: float = 0.01
-    warmup: float = 0.01
-    val_fraction: float = 0.05
-    seed: int = 0
-    checkpoint_every: int = 200
     init: str = ""
     fc_bias: bool = True
     draft_vocab: int = 0
@@ -244,10 +234,7 @@ def train_head(target: torch.nn.Module, seqs: list[CachedSequence], out: Path, o
         model.head.save(out, {**meta, "method": method, "options": options, "steps": state["step"],
                               "validation": state["val"][-1] if state["val"] else {}})
 
-    lopts = loop.LoopOptions(epochs=opts.epochs, max_steps=opts.max_steps, lr=opts.lr, schedule="linear",
-                             final_lr=0.0, warmup=opts.warmup, batch_size=opts.batch_size, clip=opts.clip,
-                             clip_by="value", val_fraction=opts.val_fraction, seed=opts.seed,
-                             checkpoint_every=opts.checkpoint_every)
+    lopts = opts.loop_options()
     groups = [{"params": list(head.parameters()), "weight_decay": opts.weight_decay}]
     objective = HeadObjective(target, opts, head.draft_vocab)
     return loop.train(HcaModel(head, opts.passes), objective, seqs, out, lopts, options,
