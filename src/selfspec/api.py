@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import secrets
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -15,8 +14,9 @@ from .config import GenerationConfig, check_threads, stop_strings
 from .core.kv_cache import new_cache
 from .core.online_cost import OnlineCost
 from .core.sampling import GumbelNoise, Warper
+from .core.timing import now
 from .decoding.loop import run
-from .decoding.state import DecodeState
+from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
 from .drafters.base import restore_request_state, snapshot_request_state
 from .errors import SelfspecError
@@ -94,8 +94,10 @@ class SpeculativeGenerator:
     ``threads`` torch CPU threads when set (restored after each request).
     """
 
-    def __init__(self, target: LoadedModel, method: str, drafter, lossless: bool, threads: int | None = None) -> None:
+    def __init__(self, target: LoadedModel, method: str, drafter, lossless: bool, threads: int | None = None,
+                 clock: Clock = now) -> None:
         self.target = target
+        self.clock = clock  # every step of every request is timed on it (tests inject a fake one)
         self.threads = check_threads(threads)
         self.kernels = target.backend
         self.method = method
@@ -147,7 +149,7 @@ class SpeculativeGenerator:
             ids=list(ids), prompt_len=len(ids), cfg=cfg, warper=warper, generator=gen,
             cache=new_cache(model.config), eos_ids=self.eos_ids,
             stop_check=make_stop_check(self.tokenizer, cfg.stop),
-            noise=GumbelNoise(cfg.seed) if coupled else None,
+            noise=GumbelNoise(cfg.seed) if coupled else None, clock=self.clock,
         )
 
     def _result(self, state: DecodeState, wall: float) -> GenerationResult:
@@ -180,10 +182,10 @@ class SpeculativeGenerator:
         if state.rejection:  # the text depends on the drafts: nothing may carry over from earlier requests
             restore_request_state(self.drafter, self._fresh_drafter)
         with torch_threads(self.threads):
-            t0 = time.perf_counter()
+            t0 = self.clock(None)
             for new in run(state, self.target.model, self.drafter, self.online_cost):
                 yield state, new
-            self.last_result = self._result(state, time.perf_counter() - t0)
+            self.last_result = self._result(state, self.clock(None) - t0)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,

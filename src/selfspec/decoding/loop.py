@@ -13,10 +13,9 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
 from ..core.online_cost import OnlineCost
 from ..core.sampling import sample
-from ..core.timing import now
 from ..models.adapter import forward_block
 from .protocol import Drafter, Proposal
-from .state import DecodeState, VerifyOutput
+from .state import DecodeState, StepTime, VerifyOutput
 
 
 def choose_token(state: DecodeState, logits: torch.Tensor) -> int:
@@ -31,7 +30,8 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
     """Run the prompt (all but nothing: the whole prompt, like ``generate``), choose the first
     token, and hand the prompt forward to the drafter. Returns the committed first token(s)."""
     device = next(model.parameters()).device
-    t0 = now()
+    now = state.clock
+    t0 = now(None)
     prompt = torch.tensor(state.ids, dtype=torch.long)
     out = model(
         input_ids=prompt.to(device)[None],
@@ -46,9 +46,9 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
     hidden = tuple(h[0] for h in out.hidden_states) if drafter.needs_hidden else None
     kept = state.commit([first])
     state.stats.record(0, 0, len(kept))
-    t1 = now()
+    t1 = now(None)
     drafter.prefill(state, VerifyOutput(0, logits[None], None, hidden))
-    state.stats.draft_s += now() - t1
+    state.stats.draft_s += now(None) - t1
     return kept
 
 
@@ -92,13 +92,15 @@ def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict
 @torch.inference_mode()
 def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter,
         online: OnlineCost | None = None) -> Iterator[list[int]]:
-    """Decode until a stop condition; yields the token ids committed at each step. ``online``
-    receives the time of every verify forward (by its block size), to correct the drafter's cost
-    profile from the next load on."""
+    """Decode until a stop condition; yields the token ids committed at each step. Every step is
+    timed on ``state.clock``, and the drafter's ``observe`` gets the step's measured seconds
+    (``state.step_time``; none under rejection sampling). ``online`` receives the time of every
+    verify forward (by its block size), to correct the drafter's cost profile from the next load on."""
     device = next(model.parameters()).device
+    now = state.clock
     yield prefill(state, model, drafter)
     while not state.done:
-        t0 = now()  # draft time: t0..t1 and t2..t3; verify time: t1..t2 (synced: the device's work)
+        t0 = now(None)  # draft time: t0..t1 and t2..t3; verify time: t1..t2 (synced: the device's work)
         proposal = drafter.propose(state)
         tree = proposal.tree.truncate_depth(state.draft_room)
         if tree is not proposal.tree:
@@ -117,8 +119,9 @@ def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter,
         t2 = now(device)
         new = tree.path_tokens(verdict.accepted_nodes[1:]) + [verdict.bonus_token]
         kept = state.commit(new)
+        state.step_time = StepTime() if state.rejection else StepTime(t1 - t0, t2 - t0)
         drafter.observe(state, proposal, verdict, out)
-        t3 = now()
+        t3 = now(None)
         state.stats.draft_s += (t1 - t0) + (t3 - t2)
         state.stats.verify_s += t2 - t1
         state.stats.record(int(tree.depths.max()), verdict.num_accepted, len(kept))

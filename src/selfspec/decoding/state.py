@@ -10,6 +10,10 @@ from transformers import DynamicCache
 
 from ..config import GenerationConfig
 from ..core.sampling import GumbelNoise, Warper, perturbed
+from ..core.timing import now
+
+Clock = Callable[["torch.device | None"], float]
+"""Seconds since an arbitrary origin once the device's queued work has run (:func:`~selfspec.core.timing.now`)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,21 @@ class VerifyOutput:
     tree_logits: torch.Tensor
     piggyback_logits: torch.Tensor | None = None
     hidden: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The current step's seconds as the loop measured them on the state's clock, handed to the
+    drafter's ``observe`` (drafters never time themselves). Both None under rejection sampling,
+    where no draft may be sized from the wall clock, and on a step not yet measured.
+
+    Attributes:
+        draft_s: the drafter's ``propose``.
+        step_s: ``propose`` to the committed verdict (draft + verify + accept): what a step costs.
+    """
+
+    draft_s: float | None = None
+    step_s: float | None = None
 
 
 @dataclass
@@ -74,6 +93,8 @@ class DecodeState:
         eos_ids: ids that end generation (unless ``cfg.ignore_eos``).
         stop_check: returns how many generated tokens to keep when a stop string completed.
         noise: the Gumbel noise of ``coupled`` sampling (None when greedy or ``rejection``).
+        clock: what every step is timed with (injected in tests: no test sleeps).
+        step_time: the current step's measured seconds, set by the loop before ``observe``.
     """
 
     ids: list[int]
@@ -87,6 +108,8 @@ class DecodeState:
     noise: GumbelNoise | None = None
     finish_reason: str | None = None
     stats: StepStats = field(default_factory=StepStats)
+    clock: Clock = now
+    step_time: StepTime = field(default_factory=StepTime)
 
     @property
     def deterministic(self) -> bool:

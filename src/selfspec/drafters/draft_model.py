@@ -16,7 +16,6 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.sampling import sample
-from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -74,7 +73,7 @@ class DraftModelDrafter:
     name = "draft-model"
     lossless = True
     needs_hidden = False
-    request_state = ("budget", "length", "_last_draft_s", "_drafted")  # adapts across requests
+    request_state = ("budget", "length", "_drafted")  # adapts across requests
 
     def __init__(self, draft: torch.nn.Module, target_vocab: int, budget: ChainBudget,
                  min_confidence: float = 0.0) -> None:
@@ -93,7 +92,6 @@ class DraftModelDrafter:
         self.device = next(draft.parameters()).device
         self.cache = kv_cache.new_cache(draft.config)
         self.length = 0  # committed tokens whose KV the draft cache holds
-        self._last_draft_s = 0.0
         self._drafted = 0  # tokens drafted this step (some may not be verified)
         self._confidences: list[float] = []  # their draft confidences
 
@@ -121,7 +119,6 @@ class DraftModelDrafter:
         k = self.budget.choose(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
-        watch = Stopwatch(self.device)
         logits = self._forward(state.ids[self.length :])
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
@@ -152,7 +149,6 @@ class DraftModelDrafter:
         self._confidences = confidences
         keep = self.budget.best_prefix(confidences)
         tokens, qs = tokens[:keep], qs[:keep]
-        self._last_draft_s = watch.elapsed()
         probs = None
         if qs and tokens:
             probs = torch.stack([torch.zeros_like(qs[0]), *qs])
@@ -163,8 +159,8 @@ class DraftModelDrafter:
         self.length = min(self.length, len(state.ids) - 1)
         kv_cache.truncate(self.cache, self.length)
         if self._drafted:
-            seconds = None if state.rejection else self._last_draft_s  # rejection: no wall clock
-            self.budget.update(proposal.tree.size - 1, verdict.num_accepted, seconds, self._drafted,
+            # the loop's measure of this propose (None under rejection sampling: no wall clock)
+            self.budget.update(proposal.tree.size - 1, verdict.num_accepted, state.step_time.draft_s, self._drafted,
                                self._confidences)
         self._drafted = 0
 

@@ -38,7 +38,6 @@ import torch
 from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
-from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
 from ..decoding.protocol import Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -191,7 +190,7 @@ class EagleDrafter:
         # acceptance of a tree node against its draft path probability, learned from verification
         self.calibration = ConfidenceCalibration() if cfg.calibrate else None
         self._path_probs: list[float] = []  # of the proposed tree's drafted nodes, tree order
-        self._watch: Stopwatch | None = None  # started when a timed step began (drafted or backed off)
+        self._timed = False  # this step's seconds feed the back-off (drafted, or a backed-off plain step)
         self._drafted = False  # whether this step ran the head
 
     # -- state ---------------------------------------------------------------------------------
@@ -215,12 +214,13 @@ class EagleDrafter:
             for i, p in enumerate(self._path_probs):  # every drafted node: on the accepted path or not
                 self.calibration.observe_one(p, i + 1 in accepted)
         self._path_probs = []
-        if self._watch is not None and not state.rejection:  # its cost (draft + verify) and yield
+        seconds = state.step_time.step_s  # the loop's measure (None under rejection sampling)
+        if self._timed and seconds is not None:  # its cost (draft + verify) and yield
             if self._drafted:
-                self.backoff.record(verdict.num_accepted + 1, self._watch.elapsed())
+                self.backoff.record(verdict.num_accepted + 1, seconds)
             else:  # a plain step: what drafting must beat
-                self.backoff.record_plain(self._watch.elapsed())
-            self._watch = None
+                self.backoff.record_plain(seconds)
+        self._timed = False
 
     # -- drafting ------------------------------------------------------------------------------
 
@@ -274,11 +274,12 @@ class EagleDrafter:
     @torch.no_grad()
     def expand(self, h_last: torch.Tensor, position: int, state: DecodeState | None = None) -> Pool:
         """EAGLE-2 expansion from the root's estimated feature ``h_last`` (``[H]``); the
-        depth-1 nodes sit at draft position ``position``. With ``state`` under rejection
-        sampling the expansion never stops on wall-clock cost (the tree must depend on the
-        request alone); with coupled sampling the draft uses the target's noise."""
+        depth-1 nodes sit at draft position ``position``. Levels are timed on ``state.clock``
+        and expansion stops where a level costs more than it can add; without ``state``, or under
+        rejection sampling, it never stops on wall-clock cost (the tree must depend on the request
+        alone); with coupled sampling the draft uses the target's noise."""
         cfg = self.cfg
-        priced = (state is None or not state.rejection) and self.profile is not None
+        priced = state is not None and not state.rejection and self.profile is not None
         depth = 1
         s1, tok1 = (t[0] for t in self._top(h_last[None], cfg.top_k, state, depth))
         k = s1.numel()
@@ -299,7 +300,7 @@ class EagleDrafter:
                 frontier = float(calibrated(f_score.exp(), self.calibration).sum())
                 if frontier * self.profile.t1 < level_s:
                     break
-            watch = Stopwatch(self.device) if priced else None
+            started = state.clock(None) if priced else 0.0
             out = self._run(f_feat, f_tok, level_pos.fill_(position), tmask)
             position += 1
             depth += 1
@@ -314,15 +315,16 @@ class EagleDrafter:
             f_ids = size + sel
             size += k * k
             tmask = torch.cat([tmask[u], eye], dim=1)
-            level_s = watch.elapsed() if watch is not None else 0.0
+            level_s = state.clock(self.device) - started if priced else 0.0
         return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents).cpu())
 
     def propose(self, state: DecodeState) -> Proposal:
         # timed only where the clock sizes something: never under rejection sampling
-        watch = Stopwatch(self.device) if self.profile is not None and not state.rejection else None
+        timed = self.profile is not None and not state.rejection
+        started = state.clock(None) if timed else 0.0
         self._drafted = False
         if state.draft_room == 0 or not self.backoff.draft_now():
-            self._watch = watch if self.backoff.off else None  # a backed-off plain step, measured
+            self._timed = timed and self.backoff.off  # a backed-off plain step, measured
             return Proposal(DraftTree.chain([state.pending]))
         self._drafted = True
         h_last = self.catch_up(state.ids)
@@ -331,10 +333,10 @@ class EagleDrafter:
         if self.cfg.total_tokens:
             n = self.cfg.total_tokens - 1
         else:
-            spent = 0.0 if watch is None else watch.elapsed()  # rejection: no wall clock
+            spent = state.clock(self.device) - started if timed else 0.0  # rejection: no wall clock
             n = best_size(pool.scores.exp(), spent, self.profile, self.cfg.max_tokens, self.calibration)
         n = min(n, pool.scores.numel())
-        self._watch = watch  # drafted, even if nothing is verified: the drafting was paid for
+        self._timed = timed  # drafted, even if nothing is verified: the drafting was paid for
         if n == 0:
             return Proposal(DraftTree.chain([state.pending]))
         tree, chosen = rerank(pool, state.pending, n)

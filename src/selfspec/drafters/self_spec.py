@@ -150,7 +150,7 @@ class SelfSpecDrafter:
     name = "self-spec"
     lossless = True
     needs_hidden = False
-    request_state = ("budget", "gamma", "_drafted", "_last_draft_s")  # what adapts across requests (snapshot / restore)
+    request_state = ("budget", "gamma", "_drafted")  # what adapts across requests (snapshot / restore)
 
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
@@ -182,7 +182,6 @@ class SelfSpecDrafter:
         self.switch = switch
         self._drafted = 0
         self._confidences: list[float] = []
-        self._last_draft_s = 0.0
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
@@ -203,7 +202,6 @@ class SelfSpecDrafter:
         k = self._max_draft(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
-        watch = Stopwatch(self.device)
         base = kv_cache.cache_length(state.cache)
         det = state.deterministic  # greedy, or coupled: the same Gumbel noise as the target's
         tokens: list[int] = []
@@ -238,15 +236,15 @@ class SelfSpecDrafter:
         if self.draft_exit == "cost" and self.auto_k:
             keep = self.budget.best_prefix(confidences)
             tokens, qs = tokens[:keep], qs[:keep]
-        self._last_draft_s = watch.elapsed()
         probs_rows = torch.stack([torch.zeros_like(qs[0]), *qs]) if qs and tokens else None
         return Proposal(DraftTree.chain([state.pending, *tokens], probs_rows))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         verified = proposal.tree.size - 1
         if self._drafted:
-            seconds = None if state.rejection else self._last_draft_s  # rejection: no wall clock
-            self.budget.update(verified, verdict.num_accepted, seconds, self._drafted, self._confidences)
+            # the loop's measure of this propose (None under rejection sampling: no wall clock)
+            self.budget.update(verified, verdict.num_accepted, state.step_time.draft_s, self._drafted,
+                               self._confidences)
             self.gamma.update(verdict.num_accepted, verified)
         self._drafted = 0
 
