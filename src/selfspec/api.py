@@ -51,6 +51,7 @@ class GenerationResult:
     verify_s: float = 0.0
     prefill_s: float = 0.0
     committed_per_step: list[int] = field(default_factory=list)
+    accepted_per_step: list[int] = field(default_factory=list)
     drafted_per_step: list[int] = field(default_factory=list)
     kernels: str = "stock"
     seed: int | None = None
@@ -166,6 +167,7 @@ class SpeculativeGenerator:
             lossless=self.lossless, prompt_tokens=state.prompt_len, finish_reason=state.finish_reason or "",
             draft_s=st.draft_s, verify_s=st.verify_s, prefill_s=st.prefill_s,
             committed_per_step=list(st.committed_per_step), drafted_per_step=list(st.drafted_per_step),
+            accepted_per_step=list(st.accepted_per_step),
             kernels=self.kernels, seed=None if state.warper.greedy else state.cfg.seed,
             sampling="greedy" if state.warper.greedy else state.cfg.sampling,
         )

@@ -139,3 +139,24 @@ def test_plots_draw_no_empty_series_and_centre_their_bars():
     assert speedup_series(summary) == ["pld@onednn"]
     assert histogram_series(summary, records) == {"pld@onednn": Counter({3: 1, 2: 1})}
     assert bar_offsets(1, 0.8) == [0.0] and bar_offsets(2, 0.4) == [-0.2, 0.2]
+
+
+def test_acceptance_by_depth_has_one_definition_for_results_and_records():
+    """The bench report and a request's stats count acceptance by depth the same way (one
+    function); a step cut short by EOS after accepting its drafts is not a rejection."""
+    from selfspec.bench.report import acceptance_by_depth as from_records
+    from selfspec.core.acceptance import acceptance_by_depth
+    from selfspec.decoding.state import StepStats
+
+    st = StepStats()
+    steps = [(0, 0, 1), (3, 3, 4), (3, 1, 2), (2, 0, 1), (3, 2, 2)]  # (depth, accepted, committed): the last cut by EOS
+    for d, a, c in steps:
+        st.record(d, a, c)
+    want = [3 / 4, 2 / 4, 1 / 3]
+    assert st.acceptance_by_depth() == pytest.approx(want)
+    assert acceptance_by_depth([d for d, _, _ in steps], [a for _, a, _ in steps]) == pytest.approx(want)
+    rec = {"drafted_per_step": st.drafted_per_step, "committed_per_step": st.committed_per_step,
+           "accepted_per_step": st.accepted_per_step}
+    assert from_records([rec]) == pytest.approx(want)
+    old = {k: v for k, v in rec.items() if k != "accepted_per_step"}  # a record from before: committed - 1
+    assert from_records([old]) == pytest.approx([3 / 4, 1 / 4, 1 / 3])

@@ -8,6 +8,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from ..core.acceptance import acceptance_by_depth as core_acceptance_by_depth
 from .provenance import revision_label
 
 
@@ -34,21 +35,19 @@ def _compare(rs: list[dict], ref_ids: dict) -> tuple[int, list[dict]]:
 
 
 def acceptance_by_depth(records: list[dict]) -> list[float]:
-    """Acceptance at draft depth d = steps that accepted the d-th draft / steps that verified a
-    d-th draft, from each record's ``drafted_per_step`` and ``committed_per_step`` (a step
-    commits its accepted drafts plus one token; a step cut by EOS or the length limit may
-    commit fewer, which this counts as rejections)."""
-    proposed: list[int] = []
+    """Acceptance at each draft depth over ``records`` (the one definition,
+    :func:`selfspec.core.acceptance.acceptance_by_depth`), from each record's ``drafted_per_step``
+    and ``accepted_per_step``; records made before the latter existed give ``committed - 1`` (a
+    step cut by EOS or the length limit then counts as rejections)."""
+    depths: list[int] = []
     accepted: list[int] = []
     for r in records:
-        for d, c in zip(r.get("drafted_per_step", []), r.get("committed_per_step", [])):
-            while len(proposed) < d:
-                proposed.append(0)
-                accepted.append(0)
-            for i in range(d):
-                proposed[i] += 1
-                accepted[i] += i < c - 1
-    return [a / p for a, p in zip(accepted, proposed)]
+        d = r.get("drafted_per_step", [])
+        a = r.get("accepted_per_step") or [max(c - 1, 0) for c in r.get("committed_per_step", [])]
+        n = min(len(d), len(a))
+        depths += d[:n]
+        accepted += a[:n]
+    return core_acceptance_by_depth(depths, accepted)
 
 
 def summarize(records: list[dict], names: list[str], baselines: dict[str, str] | None = None) -> dict:

@@ -276,6 +276,7 @@ def measure_one(b: BenchRun, name: str, pr: Prompt, rep: int, llama_peers: dict[
         rec.update(kind="method", token_ids=r.token_ids, new_tokens=r.new_tokens, wall_s=r.wall_s,
                    draft_s=r.draft_s, verify_s=r.verify_s, prefill_s=r.prefill_s, steps=r.steps,
                    committed_per_step=r.committed_per_step, drafted_per_step=r.drafted_per_step,
+                   accepted_per_step=r.accepted_per_step,
                    lossless=r.lossless, finish_reason=r.finish_reason)
     elif name in llama_peers:  # in its own process: a crash is a failed run, never a figure
         eos = sorted(next(iter(b.generators.values())).eos_ids)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -115,3 +116,26 @@ def accept_sampling(
             p = _residual(p, q)
         else:
             return Verdict(path, sample(p, generator))
+
+
+def tally_by_depth(proposed: list[int], accepted: list[int], depth: int, num_accepted: int) -> None:
+    """Count one verify step into the per-depth tallies (THE definition of acceptance by depth):
+    a step whose verified tree is ``depth`` deep proposed a draft at every depth 1..depth and
+    accepted the first ``num_accepted`` of them. ``proposed`` / ``accepted`` grow as needed."""
+    while len(proposed) < depth:
+        proposed.append(0)
+        accepted.append(0)
+    for d in range(depth):
+        proposed[d] += 1
+        accepted[d] += d < num_accepted
+
+
+def acceptance_by_depth(depths: Iterable[int], num_accepted: Iterable[int]) -> list[float]:
+    """Acceptance at draft depth d = steps that accepted their d-th draft / steps that verified a
+    d-th draft, over steps given by their verified tree depth and accepted drafts
+    (:func:`tally_by_depth`)."""
+    proposed: list[int] = []
+    accepted: list[int] = []
+    for d, a in zip(depths, num_accepted):
+        tally_by_depth(proposed, accepted, d, a)
+    return [a / p if p else 0.0 for a, p in zip(accepted, proposed)]

@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from ..config import GenerationConfig
+from ..core.acceptance import tally_by_depth
 from ..core.sampling import GumbelNoise, Warper, perturbed
 from ..core.timing import now
 
@@ -55,6 +56,7 @@ class StepStats:
     steps: int = 0  # target forwards that produced tokens (prefill included)
     committed_per_step: list[int] = field(default_factory=list)
     drafted_per_step: list[int] = field(default_factory=list)  # depth of the verified tree
+    accepted_per_step: list[int] = field(default_factory=list)  # drafts it accepted
     proposed_by_depth: list[int] = field(default_factory=list)
     accepted_by_depth: list[int] = field(default_factory=list)
     draft_s: float = 0.0
@@ -62,19 +64,14 @@ class StepStats:
     prefill_s: float = 0.0
 
     def record(self, tree_depth: int, num_accepted: int, committed: int) -> None:
-        while len(self.proposed_by_depth) < tree_depth:
-            self.proposed_by_depth.append(0)
-            self.accepted_by_depth.append(0)
-        for d in range(tree_depth):
-            self.proposed_by_depth[d] += 1
-            if d < num_accepted:
-                self.accepted_by_depth[d] += 1
+        tally_by_depth(self.proposed_by_depth, self.accepted_by_depth, tree_depth, num_accepted)
         self.steps += 1
         self.committed_per_step.append(committed)
         self.drafted_per_step.append(tree_depth)
+        self.accepted_per_step.append(num_accepted)
 
     def acceptance_by_depth(self) -> list[float]:
-        """Acceptance rate at depth d = accepted drafts at depth d / proposed drafts at depth d."""
+        """Acceptance at depth d (:func:`~selfspec.core.acceptance.acceptance_by_depth`)."""
         return [a / p if p else 0.0 for a, p in zip(self.accepted_by_depth, self.proposed_by_depth)]
 
 
