@@ -40,9 +40,11 @@ class FakeGen:
     def __init__(self, clock: FakeClock, speed: float, speeds: dict | None = None, differ: str = "") -> None:
         self.clock, self.speed, self.speeds, self.differ = clock, speed, speeds or {}, differ
         self.prompts: list[str] = []  # every generate, warm-up included
+        self.lengths: list[int] = []  # and its max_new_tokens
 
     def generate(self, prompt: str, max_new_tokens: int):
         self.prompts.append(prompt)
+        self.lengths.append(max_new_tokens)
         self.clock.t += max_new_tokens / self.speeds.get(prompt, self.speed)
         ids = [9, 9] if prompt == self.differ else [1, ord(prompt[0])]
         return SimpleNamespace(new_tokens=max_new_tokens, token_ids=ids)
@@ -125,7 +127,7 @@ def test_a_budget_cuts_later_rounds_to_what_fits():
             "jacobi@stock": FakeGen(clock, 12)}
     make, _ = fakes(clock, gens)
     cal = autoselect.measure(make, [cand(label) for label in gens], PROMPTS, reference="ar", max_new_tokens=40,
-                             budget_s=20.0, clock=clock)
+                             budget_s=20.0, clock=clock, prune_tokens=None)
     assert gens["pld@stock"].prompts == ["a", "a", "b"] and gens["msn@stock"].prompts == ["a", "a", "b"]
     assert gens["jacobi@stock"].prompts == ["a", "a"]  # pruned: the budget kept two finalists
     assert list(cal.finalists()) == ["pld@stock", "msn@stock"]
@@ -137,12 +139,29 @@ def test_a_budget_cuts_later_rounds_to_what_fits():
     gens2["msn@stock"] = FakeGen(clock2, 15, speeds={"a": 25})
     make2, _ = fakes(clock2, gens2)
     cal2 = autoselect.measure(make2, [cand(label) for label in gens2], PROMPTS, reference="ar", max_new_tokens=40,
-                              budget_s=1.0, clock=clock2)
+                              budget_s=1.0, clock=clock2, prune_tokens=None)
     assert gens2["msn@stock"].prompts == ["a", "a", "b"] and gens2["pld@stock"].prompts == ["a", "a", "b"]
     assert gens2["jacobi@stock"].prompts == ["a", "a"]
     assert gens2["ar@stock"].prompts == ["a", "a", "b"]  # untimed: the reference ids of prompt b
     assert list(cal2.finalists()) == ["pld@stock", "msn@stock"]
     assert autoselect.select(cal2.finalists(), cal2.identical) == "pld@stock"
+
+
+def test_round_0_prunes_on_fewer_tokens_and_the_budget_projects_full_ones():
+    """Every candidate decodes the pruning prompt at PRUNE_TOKENS, the later rounds at the full
+    length (the reference too, on the same lengths), and the budget projects a later round at its
+    own length: here about 1 s of round 0 per candidate at 8 tokens is 5 s a prompt at 40, so of a
+    15 s budget round 1 fits one prompt for the two fastest only."""
+    clock = FakeClock()
+    gens = {"ar@stock": FakeGen(clock, 8), "pld@stock": FakeGen(clock, 8.2), "msn@stock": FakeGen(clock, 8.5)}
+    make, _ = fakes(clock, gens)
+    cal = autoselect.measure(make, [cand(label) for label in gens], PROMPTS, reference="ar", max_new_tokens=40,
+                             budget_s=15.0, clock=clock, prune_tokens=8)
+    assert gens["msn@stock"].lengths == [autoselect.WARMUP_TOKENS, 8, 40]
+    assert gens["pld@stock"].lengths == [autoselect.WARMUP_TOKENS, 8, 40]
+    assert gens["ar@stock"].lengths == [autoselect.WARMUP_TOKENS, 8, 40]  # pruned, but the reference ids at 40
+    assert set(cal.finalists()) == {"msn@stock", "pld@stock"}
+    assert autoselect.PRUNE_TOKENS < autoselect.CALIBRATION_TOKENS
 
 
 def test_fit_round_shrinks_prompts_then_finalists():

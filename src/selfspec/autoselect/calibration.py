@@ -21,6 +21,7 @@ log = logging.getLogger("selfspec.auto")
 AUTO_PREFIX = "auto→"  # what a generator whose configuration auto chose is named with
 CALIBRATION_PROMPTS = 4  # 2 code + 2 chat from the shipped calibration set
 CALIBRATION_TOKENS = 32
+PRUNE_TOKENS = 16  # round 0 (every candidate, once) only prunes: half the tokens halve its cost
 WARMUP_TOKENS = 4
 # Successive halving: (calibration prompts decoded, candidates kept into the round; None: all).
 ROUNDS: tuple[tuple[int, int | None], ...] = ((1, None), (2, 4), (1, 2))
@@ -181,7 +182,7 @@ def select(table: dict[str, float], identical: dict[str, bool] | None = None) ->
 def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], prompts: Sequence[str],
             reference: str | None = None, max_new_tokens: int = CALIBRATION_TOKENS,
             rounds: Sequence[tuple[int, int | None]] = ROUNDS, budget_s: float | None = BUDGET_S,
-            clock: Callable[[], float] = time.perf_counter) -> Calibration:
+            clock: Callable[[], float] = time.perf_counter, prune_tokens: int | None = PRUNE_TOKENS) -> Calibration:
     """Calibrate ``cands`` greedily on ``prompts`` by successive halving over ``rounds``.
 
     ``make(candidate)`` builds a generator on the already loaded model (switching its kernels in
@@ -192,21 +193,23 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
     the whole calibration (builds included) where it can: a later round whose projected time (each
     finalist's seconds per prompt so far) would overrun it runs fewer prompts, then only the two
     fastest, or is skipped (None: no bound); the first later round always keeps one prompt for
-    the two fastest. ``clock`` times the runs (injected in tests)."""
+    the two fastest. Round 0, where every candidate decodes once and which only prunes, decodes
+    ``prune_tokens`` (None: ``max_new_tokens``); the later rounds ``max_new_tokens``. Every
+    candidate that reaches a round has decoded the same prompts at the same lengths as the others
+    there, so speeds compare alike. ``clock`` times the runs (injected in tests)."""
     by_label = {c.label: c for c in cands}
     started = clock()
     cal = Calibration()
     gens: dict[str, Decoder] = {}
     tokens = dict.fromkeys(by_label, 0)
     seconds = dict.fromkeys(by_label, 0.0)
-    runs = dict.fromkeys(by_label, 0)
     refs: dict[tuple[str, int], list[int]] = {}
     ref_gens: dict[str, Decoder | None] = {}
 
     def is_reference(c: Candidate) -> bool:
         return c.method == reference and not c.options
 
-    def reference_ids(kernels: str, i: int) -> list[int] | None:
+    def reference_ids(kernels: str, i: int, n: int) -> list[int] | None:
         if (kernels, i) not in refs:
             if kernels not in ref_gens:
                 ref = Candidate(str(reference), {}, kernels)
@@ -218,22 +221,21 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
             g = ref_gens[kernels]
             if g is None:
                 return None
-            refs[(kernels, i)] = list(g.generate(prompts[i], max_new_tokens=max_new_tokens).token_ids)
+            refs[(kernels, i)] = list(g.generate(prompts[i], max_new_tokens=n).token_ids)
         return refs[(kernels, i)]
 
-    def run(label: str, i: int) -> None:
+    def run(label: str, i: int, n: int = max_new_tokens) -> None:
         c = by_label[label]
         t0 = clock()
-        r = gens[label].generate(prompts[i], max_new_tokens=max_new_tokens)
+        r = gens[label].generate(prompts[i], max_new_tokens=n)
         seconds[label] += clock() - t0
-        runs[label] += 1
         tokens[label] += r.new_tokens
         ids = list(r.token_ids)
         if reference is None:
             return
         if is_reference(c):
             refs.setdefault((c.kernels, i), ids)
-        elif reference_ids(c.kernels, i) != ids:
+        elif reference_ids(c.kernels, i, n) != ids:
             cal.identical[label] = False
 
     def speed(label: str) -> float:
@@ -252,8 +254,8 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
                 try:
                     gens[label] = make(c)
                     gens[label].generate(prompts[0], max_new_tokens=WARMUP_TOKENS)  # one-off costs are not speed
-                    for i in idx:
-                        run(label, i)
+                    for i in idx:  # each prompt index belongs to one round: one length per prompt
+                        run(label, i, prune_tokens or max_new_tokens)
                 except SelfspecError as e:
                     cal.errors[label] = str(e)
                     continue
@@ -265,7 +267,8 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
             break
         keep_n = len(alive) if keep is None else keep
         ranked = sorted(alive, key=lambda lab: -speed(lab))
-        fitted = fit_round(len(idx), keep_n, [seconds[lab] / max(runs[lab], 1) for lab in ranked],
+        per_prompt = [seconds[lab] / max(tokens[lab], 1) * max_new_tokens for lab in ranked]  # at this round's length
+        fitted = fit_round(len(idx), keep_n, per_prompt,
                            None if budget_s is None else budget_s - (clock() - started))
         if fitted is None and r_index == 1:  # a choice on one short prompt each is a coin toss between
             fitted = (1, 2)  # near-equals: the two fastest always meet once more, interleaved

@@ -21,6 +21,7 @@ from .calibration import (
     CACHE_FORMAT,
     CALIBRATION_PROMPTS,
     CALIBRATION_TOKENS,
+    PRUNE_TOKENS,
     ROUNDS,
     Candidate,
     Choice,
@@ -61,7 +62,7 @@ def _artefacts(target: LoadedModel, cands: Sequence[Candidate]) -> list:
 def cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
     """Model, dtype, device, machine (CPU, threads, torch), candidate list and draft artefacts."""
     sig = hashlib.sha256(json.dumps([[[c.method, c.options, c.kernels, c.precision] for c in cands],
-                                     _artefacts(target, cands), CALIBRATION_PROMPTS, CALIBRATION_TOKENS,
+                                     _artefacts(target, cands), CALIBRATION_PROMPTS, CALIBRATION_TOKENS, PRUNE_TOKENS,
                                      list(ROUNDS)], sort_keys=True).encode()).hexdigest()
     return profile_key(target.model, target.name, "auto") + f"|{CACHE_FORMAT}|{sig[:12]}"
 
