@@ -14,14 +14,17 @@ import os
 import sys
 from pathlib import Path
 
+import platformdirs
+
 from .errors import SelfspecError
 
 log = logging.getLogger("selfspec.paths")
 
 
 def selfspec_home() -> Path:
-    """``$SELFSPEC_HOME`` or ``~/.cache/selfspec``."""
-    return Path(os.environ.get("SELFSPEC_HOME", Path.home() / ".cache" / "selfspec"))
+    """``$SELFSPEC_HOME``, else the platform's user cache directory for selfspec (platformdirs:
+    ``$XDG_CACHE_HOME/selfspec``, by default ``~/.cache/selfspec``, on Linux)."""
+    return Path(os.environ.get("SELFSPEC_HOME") or platformdirs.user_cache_path("selfspec"))
 
 
 def model_key(name: str) -> str:
@@ -32,8 +35,9 @@ def model_key(name: str) -> str:
 def user_cache_dir() -> Path:
     """The per-user cache that takes the run-time caches (cost profiles, kernel and method
     choices) when ``$SELFSPEC_HOME`` is read-only, e.g. a shared cache that holds the models:
-    ``$XDG_CACHE_HOME/selfspec-user`` (default ``~/.cache/selfspec-user``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec-user"
+    ``$XDG_CACHE_HOME/selfspec-user`` (default ``~/.cache/selfspec-user``) on Linux, the platform's
+    user cache directory elsewhere (platformdirs)."""
+    return platformdirs.user_cache_path("selfspec-user")
 
 
 def can_write(d: Path) -> bool:
