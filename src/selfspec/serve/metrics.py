@@ -1,4 +1,5 @@
-"""The server's metrics in the Prometheus text format (version 0.0.4), names as vLLM's.
+"""The server's metrics, names as vLLM's, kept and rendered by ``prometheus_client`` in a registry
+of the server's own (never the process-global one).
 
 Counters end in ``_total``; every name has the ``selfspec:`` prefix. Thread-safe: the decode
 worker updates them, the event loop renders them.
@@ -6,12 +7,12 @@ worker updates them, the event loop renders them.
 
 from __future__ import annotations
 
-import math
-import threading
 from collections.abc import Sequence
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 PREFIX = "selfspec:"
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
@@ -35,94 +36,56 @@ HELP = {
     "num_requests_running": ("gauge", "Requests decoding (0 or 1: one at a time)."),
     "model_ready": ("gauge", "1 once the model is loaded and the server takes requests."),
 }
+LABELS = {"spec_decode_num_accepted_tokens_per_pos": ("position",), "requests": ("status",),
+          "request_success": ("finished_reason",)}
 BUCKETS = {"time_to_first_token_seconds": TTFT_BUCKETS, "time_per_output_token_seconds": TPOT_BUCKETS,
            "e2e_request_latency_seconds": E2E_BUCKETS}
 
 
-def _labels(labels: tuple[tuple[str, str], ...]) -> str:
-    if not labels:
-        return ""
-    esc = (v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for _, v in labels)
-    return "{" + ",".join(f'{k}="{v}"' for (k, _), v in zip(labels, esc)) + "}"
-
-
-def _num(v: float) -> str:
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    v = float(v)
-    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
-
-
 class Metrics:
-    """Counters, gauges and histograms keyed by name and labels."""
+    """Counters, gauges and histograms by name (:data:`HELP`) and labels (:data:`LABELS`)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[tuple[str, tuple], float] = {}
-        self._hist: dict[str, tuple[list[int], list[float]]] = {n: ([0] * (len(b) + 1), [0.0]) for n, b in
-                                                                 BUCKETS.items()}
-        for name in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
-                     "prompt_tokens", "generation_tokens", "num_requests_waiting", "num_requests_running",
-                     "model_ready"):
-            self._values[(name, ())] = 0
+        self.registry = CollectorRegistry()
+        kinds = {"counter": Counter, "gauge": Gauge}
+        self._m: dict[str, Counter | Gauge | Histogram] = {}
+        for name, (kind, text) in HELP.items():
+            labels = LABELS.get(name, ())
+            if kind == "histogram":
+                self._m[name] = Histogram(PREFIX + name, text, labels, buckets=BUCKETS[name], registry=self.registry)
+            else:
+                self._m[name] = kinds[kind](PREFIX + name, text, labels, registry=self.registry)
+
+    def _of(self, name: str, labels: dict[str, str]):
+        m = self._m[name]
+        return m.labels(**labels) if labels else m
 
     def inc(self, name: str, value: float = 1, **labels: str) -> None:
-        key = (name, tuple(sorted(labels.items())))
-        with self._lock:
-            self._values[key] = self._values.get(key, 0) + value
+        self._of(name, labels).inc(value)
 
     def set(self, name: str, value: float) -> None:
-        with self._lock:
-            self._values[(name, ())] = value
+        self._m[name].set(value)
 
     def observe(self, name: str, value: float) -> None:
-        bounds = BUCKETS[name]
-        with self._lock:
-            counts, total = self._hist[name]
-            i = next((i for i, b in enumerate(bounds) if value <= b), len(bounds))
-            counts[i] += 1
-            total[0] += value
+        self._m[name].observe(value)
 
     def get(self, name: str, **labels: str) -> float:
-        with self._lock:
-            return self._values.get((name, tuple(sorted(labels.items()))), 0)
+        """A counter's or gauge's value (0 where those labels never occurred)."""
+        suffix = "_total" if HELP[name][0] == "counter" else ""
+        return self.registry.get_sample_value(PREFIX + name + suffix, labels or None) or 0.0
 
     def record_step(self, drafted: int, accepted_positions: Sequence[int], committed: int) -> None:
         """One decode step: ``drafted`` the draft's depth (0: no draft), ``accepted_positions[d]``
         1 where the draft token at position d was accepted, ``committed`` the tokens kept."""
-        with self._lock:
-            v = self._values
-            if drafted:
-                v[("spec_decode_num_drafts", ())] += 1
-                v[("spec_decode_num_draft_tokens", ())] += drafted
-            for pos, n in enumerate(accepted_positions):
-                if n:
-                    v[("spec_decode_num_accepted_tokens", ())] += n
-                    key = ("spec_decode_num_accepted_tokens_per_pos", (("position", str(pos)),))
-                    v[key] = v.get(key, 0) + n
-            v[("generation_tokens", ())] += committed
+        if drafted:
+            self.inc("spec_decode_num_drafts")
+            self.inc("spec_decode_num_draft_tokens", drafted)
+        for pos, n in enumerate(accepted_positions):
+            if n:
+                self.inc("spec_decode_num_accepted_tokens", n)
+                self.inc("spec_decode_num_accepted_tokens_per_pos", n, position=str(pos))
+        self.inc("generation_tokens", committed)
 
     def render(self) -> str:
         """The Prometheus text exposition of every metric."""
-        with self._lock:
-            values = dict(self._values)
-            hist = {n: (list(c), t[0]) for n, (c, t) in self._hist.items()}
-        lines: list[str] = []
-        for name, (kind, text) in HELP.items():
-            full = PREFIX + name + ("_total" if kind == "counter" else "")
-            lines.append(f"# HELP {full} {text}")
-            lines.append(f"# TYPE {full} {kind}")
-            if kind == "histogram":
-                counts, total = hist[name]
-                cum = 0
-                for bound, c in zip((*BUCKETS[name], math.inf), counts):
-                    cum += c
-                    lines.append(f'{PREFIX}{name}_bucket{{le="{_num(bound)}"}} {cum}')
-                lines.append(f"{PREFIX}{name}_sum {_num(total)}")
-                lines.append(f"{PREFIX}{name}_count {cum}")
-                continue
-            rows = sorted(((labels, v) for (n, labels), v in values.items() if n == name),
-                          key=lambda r: [(k, (0, int(x), "") if x.isdigit() else (1, 0, x)) for k, x in r[0]])
-            for labels, v in rows:
-                lines.append(f"{full}{_labels(labels)} {_num(v)}")
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode()
