@@ -66,13 +66,25 @@ def run(out, opts: loop.LoopOptions, resume: bool = False, options: dict | None 
 
 
 def test_lr_schedules():
-    lin = loop.lr_factor(10, 2, 0.0, "linear")
-    assert [lin(s) for s in (0, 1)] == [0.5, 1.0]
-    assert all(math.isclose(lin(s), max(0.0, (10 - s) / 8)) for s in range(2, 11))  # the heads' linear decay
-    cos = loop.lr_factor(10, 2, 0.2, "cosine")
-    assert math.isclose(cos(2), 1.0) and math.isclose(cos(10), 0.2) and math.isclose(cos(6), 0.6)
+    """transformers' schedules: warm-up from 0, then the heads' linear decay to 0 and the fine-tunes'
+    cosine decay to a floor."""
+    def lrs(schedule: str, floor: float) -> list[float]:
+        optim = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+        sched = loop.lr_schedule(optim, 10, 2, floor, schedule)
+        out = []
+        for _ in range(11):
+            out.append(optim.param_groups[0]["lr"] / 2.0)
+            optim.step()
+            sched.step()
+        return out
+
+    lin = lrs("linear", 0.0)
+    assert lin[:2] == [0.0, 0.5] and all(math.isclose(lin[s], (10 - s) / 8, abs_tol=1e-12) for s in range(2, 11))
+    cos = lrs("cosine", 0.2)
+    assert math.isclose(cos[2], 1.0) and math.isclose(cos[10], 0.2) and math.isclose(cos[6], 0.6)
+    assert math.isclose(lrs("linear", 0.25)[10], 0.25)
     with pytest.raises(ValueError):
-        loop.lr_factor(10, 2, 0.0, "step")
+        loop.lr_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 10, 2, 0.0, "step")
 
 
 def test_merge_metrics_weights_and_skips_empty_parts():

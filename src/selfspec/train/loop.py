@@ -23,7 +23,6 @@ comes from a ``random.Random`` seeded by (seed, step, process), never from globa
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import sys
@@ -162,19 +161,18 @@ def batches(n: int, batch_size: int, epoch: int, seed: int, world: int) -> list[
     return out[: len(out) - len(out) % world] if len(out) >= world else []
 
 
-def lr_factor(total: int, warmup: int, floor: float = 0.0, schedule: str = "cosine") -> Callable[[int], float]:
-    """The LR multiplier of step ``step``: linear warm-up over ``warmup`` steps, then a linear or
-    cosine decay from 1 to ``floor`` at ``total``."""
-    if schedule not in ("linear", "cosine"):
-        raise ValueError(f"schedule must be linear or cosine, not {schedule!r}")
+def lr_schedule(optim: torch.optim.Optimizer, total: int, warmup: int, floor: float = 0.0,
+                schedule: str = "cosine") -> torch.optim.lr_scheduler.LambdaLR:
+    """``transformers``' schedule for ``optim``: linear warm-up over ``warmup`` steps (from 0), then
+    a linear or cosine decay from the peak to ``floor`` x the peak at step ``total``."""
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup, get_polynomial_decay_schedule_with_warmup
 
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        t = min(1.0, (step - warmup) / max(1, total - warmup))
-        decay = 1 - t if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * t))
-        return floor + (1 - floor) * decay
-    return f
+    if schedule == "cosine":
+        return get_cosine_with_min_lr_schedule_with_warmup(optim, warmup, total, min_lr_rate=floor)
+    if schedule == "linear":
+        peak = optim.param_groups[0]["lr"]
+        return get_polynomial_decay_schedule_with_warmup(optim, warmup, total, lr_end=peak * floor, power=1.0)
+    raise ValueError(f"schedule must be linear or cosine, not {schedule!r}")
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -294,8 +292,7 @@ def train(model: torch.nn.Module, objective: Objective, items: Sequence, out: Pa
     total = opts.max_steps or per_epoch * opts.epochs
     params = [p for g in param_groups for p in g["params"]]
     optim = torch.optim.AdamW(param_groups, lr=opts.lr, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optim, lr_factor(total, max(1, int(total * opts.warmup)), opts.final_lr, opts.schedule))
+    sched = lr_schedule(optim, total, max(1, int(total * opts.warmup)), opts.final_lr, opts.schedule)
     model, optim, sched = acc.prepare(model, optim, sched)
     trdir = out / "train"
     ckdir = trdir / "checkpoints"
