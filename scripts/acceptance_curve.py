@@ -10,7 +10,7 @@ Tokens seen at step s = s x (training tokens per epoch) / (steps per epoch), fro
 (``data/examples.pt`` is not read: the token count comes from the run's recorded data summary).
 
 The tokens needed for a speedup x come from the cost model: x = tau / (draft cost + verify cost)
-in units of T(1) (``scripts/backoff_diagnostics.py`` measures both per method with drafting forced);
+in units of T(1) (``experiments/backoff_diagnostics.py`` measures both per method with drafting forced);
 tau = 1 + sum_k prod_{j<=k} acc_j over the method's draft depth. Each acc_j is fitted linearly in
 log10(tokens) over the points past the first epoch's warm-up and extrapolated (clipped to [0, 1])
 until tau reaches the needed value. Such learning curves bend over (accuracy saturates), so the

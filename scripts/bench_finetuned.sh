@@ -27,6 +27,6 @@ $S bench "${COMMON[@]}" --dataset mt-bench --methods ar,$METHOD,$METHOD:k=$MT_K 
 $S bench "${COMMON[@]}" --dataset humaneval --limit ${HE_LIMIT:-10} --methods $SWEEP --out $OUT/smollm2-$METHOD-humaneval
 $S bench "${COMMON[@]}" --dataset mt-bench --limit ${T1_LIMIT:-5} --temperature 1.0 \
    --methods ar,$METHOD:k=$T1_K,$METHOD-lossy:k=$T1_K --out $OUT/smollm2-$METHOD-mt-bench-t1
-.venv/bin/python scripts/selfdraft_figures.py --method $METHOD --bench $OUT/smollm2-$METHOD-mt-bench \
+.venv/bin/python experiments/selfdraft_figures.py --method $METHOD --bench $OUT/smollm2-$METHOD-mt-bench \
    $OUT/smollm2-$METHOD-humaneval $OUT/smollm2-$METHOD-mt-bench-t1 --out $OUT/$METHOD
 bash scripts/readme_results.sh

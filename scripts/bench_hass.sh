@@ -17,7 +17,7 @@ done
 # sampling (T = 1): tau of both heads with the same tree
 $S bench --model $M --kernels onednn --threads 2 --dataset mt-bench --max-new-tokens 64 \
    --temperature 1.0 --methods ar,eagle2,hass --limit ${T1_LIMIT:-5} --out $OUT/smollm2-hass-mt-bench-t1 --resume
-.venv/bin/python scripts/hass_ablation.py --heads "${SELFSPEC_HOME:-$HOME/.cache/selfspec}/heads" --model $M \
+.venv/bin/python experiments/hass_ablation.py --heads "${SELFSPEC_HOME:-$HOME/.cache/selfspec}/heads" --model $M \
    --bench $OUT/smollm2-hass-mt-bench $OUT/smollm2-hass-humaneval $OUT/smollm2-hass-mt-bench-t1 \
    --out $OUT/hass-ablation
 bash scripts/readme_results.sh

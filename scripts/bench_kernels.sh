@@ -24,7 +24,7 @@ done
 "$PY/selfspec" bench --model qwen2.5-coder-1.5b-instruct --methods ar,pld --kernels onednn,int8 \
     --dataset humaneval --limit 30 --max-new-tokens 96 --out "$OUT/qwen1.5b-humaneval-int8" --resume
 
-"$PY/python" scripts/kernels_quality.py --model qwen2.5-coder-1.5b-instruct --limit 40 \
+"$PY/python" experiments/kernels_quality.py --model qwen2.5-coder-1.5b-instruct --limit 40 \
     --out "$OUT/qwen1.5b-kernels-quality.json"
-"$PY/python" scripts/step_breakdown.py --model smollm2-135m-instruct --kernels stock,onednn,int8 \
+"$PY/python" experiments/step_breakdown.py --model smollm2-135m-instruct --kernels stock,onednn,int8 \
     --json "$OUT/smollm2-step-breakdown.json"

@@ -21,7 +21,7 @@ for M in $B-msn $B-sft $B; do
     $S bench "${COMMON[@]}" --dataset mt-bench --per-category ${MT_PER_CAT:-3} --out $OUT/${M/smollm2-135m-instruct/smollm2}-jacobi-mt-bench
     $S bench "${COMMON[@]}" --dataset humaneval --limit ${HE_LIMIT:-10} --out $OUT/${M/smollm2-135m-instruct/smollm2}-jacobi-humaneval
 done
-.venv/bin/python scripts/msn_figures.py --bench $OUT/smollm2-jacobi-mt-bench $OUT/smollm2-sft-jacobi-mt-bench \
+.venv/bin/python experiments/msn_figures.py --bench $OUT/smollm2-jacobi-mt-bench $OUT/smollm2-sft-jacobi-mt-bench \
    $OUT/smollm2-msn-jacobi-mt-bench $OUT/smollm2-jacobi-humaneval $OUT/smollm2-sft-jacobi-humaneval \
    $OUT/smollm2-msn-jacobi-humaneval --training ${SELFSPEC_HOME:-$HOME/.cache/selfspec}/finetune/$B-{msn,sft} \
    --quality $OUT/msn-quality.json $OUT/sft-quality.json --out $OUT/msn

@@ -29,9 +29,9 @@ $S bench --model qwen2.5-coder-1.5b-instruct --kernels onednn --threads 2 --data
    --max-new-tokens 64 --methods ar,self-spec,self-spec:draft_exit=gamma --out $OUT/qwen1.5b-self-spec --resume
 
 # 3. limits: agreement against skip ratio, draft cost share, cost-model predictions
-.venv/bin/python scripts/self_spec_limits.py "$STATE/qwen-proxy" $CFG/qwen2.5-coder-1.5b-instruct.json \
+.venv/bin/python experiments/self_spec_limits.py "$STATE/qwen-proxy" $CFG/qwen2.5-coder-1.5b-instruct.json \
    --out $OUT/self-spec-limits/qwen1.5b > /dev/null
-.venv/bin/python scripts/self_spec_limits.py "$STATE/smol-proxy" $CFG/smollm2-135m-instruct.json \
+.venv/bin/python experiments/self_spec_limits.py "$STATE/smol-proxy" $CFG/smollm2-135m-instruct.json \
    --out $OUT/self-spec-limits/smollm2 > /dev/null
 
 # 4. the same skip set forced to draft every step (no back-off): what the back-off saves

@@ -20,7 +20,7 @@ from ..errors import SelfspecError
 from ..paths import model_key, selfspec_home
 
 FORMAT = "selfspec-draft-vocab/1"
-SIZES = (2048, 4096, 8192, 16384, 32768)  # the sizes measured by scripts/draft_vocab_sweep.py
+SIZES = (2048, 4096, 8192, 16384, 32768)  # the sizes measured by experiments/draft_vocab_sweep.py
 
 
 def user_ranking_path(model_name: str) -> Path:

@@ -5,7 +5,7 @@ with its shipped skip config's draft: by default the whole model on int8 weights
 same text teacher-forced, and each position gives (the draft's top-1 probability, whether its
 top-1 token is the target's). Printed and written per confidence band and prompt set.
 
-    python scripts/confidence_calibration.py --model smollm2-135m-instruct --datasets mt-bench,humaneval \\
+    python experiments/confidence_calibration.py --model smollm2-135m-instruct --datasets mt-bench,humaneval \\
         --limit 10 --out docs/results/confidence-calibration/smollm2.json
 """
 

@@ -3,7 +3,7 @@ acceptance by draft position for each k (SDSAT's Fig. 3 analogue), and tokens pe
 forward / speedup against k. Writes ``summary.md``, ``summary.json`` and ``acceptance.png`` into
 ``--out``.
 
-    python scripts/selfdraft_figures.py --method sdsat --bench docs/results/smollm2-sdsat-humaneval \
+    python experiments/selfdraft_figures.py --method sdsat --bench docs/results/smollm2-sdsat-humaneval \
         docs/results/smollm2-sdsat-mt-bench --out docs/results/sdsat
 
 A *loop* is one drafting cycle: for ``sdsat`` a draft step (depth 0, one token) plus the verify

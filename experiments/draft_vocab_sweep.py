@@ -8,7 +8,7 @@ model in int8 as the draft). It records tau (tokens per verify
 step), acceptance by depth, the draft seconds per drafted step and the tokens/s, checks every
 output against ``ar``, and draws ``acceptance_vs_vocab.png``. Usage::
 
-    python scripts/draft_vocab_sweep.py --model smollm2-135m-instruct --out docs/results/draft-vocab-smollm2
+    python experiments/draft_vocab_sweep.py --model smollm2-135m-instruct --out docs/results/draft-vocab-smollm2
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def main() -> None:
 
 def plot(out: Path) -> None:
     """``acceptance_vs_vocab.png``: tau and depth-1 acceptance against N per drafter and, when
-    ``draft_breakdown.json`` (``scripts/draft_breakdown.py``, timed interleaved) lies beside the
+    ``draft_breakdown.json`` (``experiments/draft_breakdown.py``, timed interleaved) lies beside the
     records, the draft cost in T(1) against N. The decode-time draft milliseconds of the records
     are not plotted: on a shared machine they move with its load, the interleaved timing does not."""
     import matplotlib

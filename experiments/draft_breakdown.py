@@ -13,7 +13,7 @@ drifting machine hits all alike; medians are reported:
 
 Usage::
 
-    python scripts/draft_breakdown.py --model smollm2-135m-instruct --draft-vocab 0,4096,8192 --out FILE.json
+    python experiments/draft_breakdown.py --model smollm2-135m-instruct --draft-vocab 0,4096,8192 --out FILE.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 # feature cache), the same epochs, learning rate, batch and draft vocabulary (N = 8192), all four from
 # scratch. Then one benchmark run per prompt set with the shipped heads and the four at default settings
 # (cost-sized trees), and the four at a fixed 24-node tree (so that tau compares the heads, not the budget), and the table
-# and plots (scripts/head_arch_comparison.py). Every step resumes; ARMS picks a subset.
+# and plots (experiments/head_arch_comparison.py). Every step resumes; ARMS picks a subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${SELFSPEC:-.venv/bin/selfspec}
@@ -29,4 +29,4 @@ for DS in mt-bench humaneval; do
     "$S" bench --model "$M" --threads "${BENCH_THREADS:-2}" --dataset $DS --limit "${LIMIT:-5}" --max-new-tokens 64 \
         --methods "$METHODS" --out "$OUT/$DS" --resume
 done
-"${PYTHON:-.venv/bin/python}" scripts/head_arch_comparison.py --heads "$H" --bench "$OUT/mt-bench" "$OUT/humaneval" --out "$OUT"
+"${PYTHON:-.venv/bin/python}" experiments/head_arch_comparison.py --heads "$H" --bench "$OUT/mt-bench" "$OUT/humaneval" --out "$OUT"

@@ -8,7 +8,7 @@ writes, into --out:
 - ``limits.json``: per skip-ratio bin the best agreement, draft cost share and predicted
   speedup, plus what the same cost model predicts for other (larger-model / GPU) regimes.
 
-Usage: python scripts/self_spec_limits.py STATE_DIR CONFIG_JSON --out DIR
+Usage: python experiments/self_spec_limits.py STATE_DIR CONFIG_JSON --out DIR
 """
 
 from __future__ import annotations

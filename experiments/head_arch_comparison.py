@@ -1,5 +1,5 @@
 """EAGLE-2 against EAGLE-3 heads, EAGLE against HASS objective, at an equal training budget: the
-table and plots of ``scripts/head_arch_comparison.sh``.
+table and plots of ``experiments/head_arch_comparison.sh``.
 
 For each head (``HEADS/<arch>-<objective>``): its training budget (sequences, tokens, optimiser
 steps, wall time), the held-out top-1 agreement with the target at each drafting step as its own
@@ -7,7 +7,7 @@ validation measured it, and from the benchmark runs: tau, speedup over ``ar``, a
 depth and the share of wall time spent drafting, at default settings (cost-sized trees) and on a
 fixed 24-node tree. Writes ``comparison.md``, ``comparison.json`` and ``acceptance_by_depth.png``.
 
-    python scripts/head_arch_comparison.py --heads DIR --bench RUN_DIR [RUN_DIR ...] --out DIR
+    python experiments/head_arch_comparison.py --heads DIR --bench RUN_DIR [RUN_DIR ...] --out DIR
 """
 
 from __future__ import annotations

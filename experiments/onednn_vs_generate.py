@@ -1,12 +1,12 @@
 """Where greedy ids of ``ar`` on oneDNN kernels differ from ``transformers`` ``generate`` (fp32, stock).
 
-Reads the records of ``scripts/bench_onednn_vs_generate.sh`` (one bench run per dataset with
+Reads the records of ``experiments/bench_onednn_vs_generate.sh`` (one bench run per dataset with
 ``ar@onednn`` and the ``hf`` peer), and for every prompt whose ids differ finds the first
 differing position and the gap between the two largest logits there, on both backends (a
 near-tie that rounding flips, or a real difference). Writes ``differences.json`` and
 ``differences.md`` into the output directory.
 
-    python scripts/onednn_vs_generate.py docs/results/onednn-vs-generate
+    python experiments/onednn_vs_generate.py docs/results/onednn-vs-generate
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ prompt by prompt: ``ar``, the method at its defaults, and the method forced to d
 * the tau (tokens per step) that drafting would need to pay 1.0x and 1.2x at that cost;
 * for the defaults run: the share of steps that drafted (the back-off decisions) and the speedup.
 
-``python scripts/backoff_diagnostics.py --prompts 6 --out docs/results/backoff-diagnostics`` writes
+``python experiments/backoff_diagnostics.py --prompts 6 --out docs/results/backoff-diagnostics`` writes
 ``diagnostics.json`` and ``diagnostics.md``. Ids of every run are checked against ``ar``.
 """
 

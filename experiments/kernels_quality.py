@@ -1,7 +1,7 @@
 """Quality cost of each kernels backend against the stock fp32 model: perplexity of held-back
 code (HumanEval's canonical programs) and top-1 agreement with fp32. Writes JSON.
 
-    python scripts/kernels_quality.py --model qwen2.5-coder-1.5b-instruct --out docs/results/kernels-quality.json
+    python experiments/kernels_quality.py --model qwen2.5-coder-1.5b-instruct --out docs/results/kernels-quality.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (teacher-forced agreement at drafting steps 1..n, via the HCA forward) and their benchmark runs
 (tau, speedup, acceptance by depth). Writes ablation.md, ablation.json and acceptance_by_depth.png.
 
-    python scripts/hass_ablation.py --heads ~/.cache/selfspec/heads --model smollm2-135m-instruct \
+    python experiments/hass_ablation.py --heads ~/.cache/selfspec/heads --model smollm2-135m-instruct \
         --bench docs/results/smollm2-hass-mt-bench ... --out docs/results/hass-ablation
 """
 

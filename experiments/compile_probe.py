@@ -6,7 +6,7 @@ static cache, and ``torch.compile(model.forward)`` with the static cache (Induct
 one-token decode step). Reports tok/s, the compile time, and whether the token ids are identical
 to eager. Writes ``--out`` JSON.
 
-    python scripts/compile_probe.py --threads 2 --tokens 64 --out docs/results/compile-probe-avx2.json
+    python experiments/compile_probe.py --threads 2 --tokens 64 --out docs/results/compile-probe-avx2.json
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ torch: ``_weight_int4pack_mm_for_cpu`` (group-wise asymmetric, packed by
 ``_convert_weight_to_int4pack_for_cpu``) and ``_dyn_quant_matmul_4bit`` (KleidiAI layout; falls
 back to a reference kernel off Arm). Median of 5 runs of ``--reps`` calls, one thread.
 
-    python scripts/int4_kernels.py --out docs/results/int4-kernels/kernels.json
+    python experiments/int4_kernels.py --out docs/results/int4-kernels/kernels.json
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ reports, and writes ``summary.md``, ``summary.json`` and two plots into ``--out`
   speedup over ``ar`` of the same model, per decoder, for the three models side by side;
 * ``training.png``: validation loss of MSN and SFT, and MSN's top-1 accuracy at noised inputs.
 
-    python scripts/msn_figures.py --bench docs/results/smollm2-jacobi-mt-bench \
+    python experiments/msn_figures.py --bench docs/results/smollm2-jacobi-mt-bench \
         docs/results/smollm2-sft-jacobi-mt-bench docs/results/smollm2-msn-jacobi-mt-bench ... \
         --training ~/.cache/selfspec/finetune/smollm2-135m-instruct-{msn,sft} \
         --quality docs/results/msn-quality.json docs/results/sft-quality.json --out docs/results/msn

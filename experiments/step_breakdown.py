@@ -5,7 +5,7 @@ step) and once under ``torch.profiler`` (self CPU time per operator, grouped). "
 framework" is the plain wall time minus the operators' time: the interpreter, HF module calls,
 our loop and drafter. Usage::
 
-    python scripts/step_breakdown.py --model smollm2-135m-instruct --kernels stock,onednn,int8
+    python experiments/step_breakdown.py --model smollm2-135m-instruct --kernels stock,onednn,int8
 """
 
 from __future__ import annotations
