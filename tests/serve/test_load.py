@@ -33,10 +33,11 @@ def test_health_and_metrics_answer_while_a_request_decodes(server):
                                       extra_body={"ignore_eos": True})
         next(iter(stream))
         assert e.queue_sizes() == (0, 1)
-        t = time.perf_counter()
-        assert http().get(server.url + "/health", timeout=2).status_code == 200
-        text = http().get(server.url + "/metrics", headers=AUTH, timeout=2).text
-        assert time.perf_counter() - t < 1.0
+        before = metric(server, "generation_tokens_total")
+        assert http().get(server.url + "/health", timeout=10).status_code == 200
+        text = http().get(server.url + "/metrics", headers=AUTH, timeout=10).text
+        # answered while the request decodes, not after it: a bound on decode steps, not on seconds
+        assert metric(server, "generation_tokens_total") - before < 200 and e.queue_sizes() == (0, 1)
         assert "selfspec:num_requests_running 1" in text
         stream.close()
     wait_idle(e)
@@ -94,10 +95,8 @@ def test_time_limit_ends_with_length(server):
     e = server.engine
     e.request_timeout = 0.3
     with slow_steps(e, 0.01):
-        t = time.perf_counter()
         r = client(server).completions.create(**{k: v for k, v in LONG.items() if k != "ignore_eos"},
                                               extra_body={"ignore_eos": True})
-        assert time.perf_counter() - t < 5
         assert r.choices[0].finish_reason == "length" and 0 < r.usage.completion_tokens < 400
         chunks = list(client(server).completions.create(stream=True, **{k: v for k, v in LONG.items()
                                                                          if k != "ignore_eos"},
@@ -159,6 +158,6 @@ def test_50_clients_with_short_timeouts_then_a_fresh_request_succeeds(server):
         outcomes = list(pool.map(one, range(50)))
     assert set(outcomes) <= {"200", "429", "timeout"}, outcomes
     wait_idle(server.engine, 15)
-    t = time.perf_counter()
+    assert server.engine.queue_sizes() == (0, 0)  # nothing left behind
     r = client(server).completions.create(model="tiny", prompt="w5 w6", max_tokens=8, temperature=0)
-    assert r.usage.completion_tokens >= 1 and time.perf_counter() - t < 5
+    assert r.usage.completion_tokens >= 1
