@@ -15,10 +15,10 @@ from .core.kv_cache import new_cache
 from .core.online_cost import OnlineCost
 from .core.sampling import GumbelNoise, Warper
 from .core.timing import now
+from .decoding.controller import DraftController
 from .decoding.loop import run
 from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
-from .drafters.base import restore_request_state, snapshot_request_state
 from .errors import SelfspecError
 from .models.bundled import DEFAULT_MODEL
 from .models.loading import LoadedModel, load_model
@@ -98,15 +98,12 @@ class SpeculativeGenerator:
     def __init__(self, target: LoadedModel, method: str, drafter, lossless: bool, threads: int | None = None,
                  clock: Clock = now) -> None:
         self.target = target
-        self.clock = clock  # every step of every request is timed on it (tests inject a fake one)
+        # the drafter, the clock every step is timed on (tests inject a fake one), the cost
+        # profile's correction from verify timings and the drafter's per-request state
+        self.controller = DraftController(drafter, clock)
         self.threads = check_threads(threads)
         self.kernels = target.backend
         self.method = method
-        self.drafter = drafter
-        self._fresh_drafter = snapshot_request_state(drafter)  # restored before each rejection-sampled request
-        profile = drafter.cost_profile()
-        # verify timings correct the drafter's cost profile: written back by save_cost_correction()
-        self.online_cost = OnlineCost(profile) if profile is not None else None
         self.lossless = lossless
         self.last_result: GenerationResult | None = None
         self.auto_choice = None  # where auto chose the configuration: its autoselect.Choice
@@ -121,13 +118,36 @@ class SpeculativeGenerator:
     def tokenizer(self):
         return self.target.tokenizer
 
+    @property
+    def drafter(self):
+        """The method's drafter (setting another one gives the controller its state and profile)."""
+        return self.controller.drafter
+
+    @drafter.setter
+    def drafter(self, drafter) -> None:
+        self.controller.drafter = drafter
+
+    @property
+    def clock(self) -> Clock:
+        """What every step of every request is timed with."""
+        return self.controller.clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self.controller.clock = clock
+
+    @property
+    def online_cost(self) -> OnlineCost | None:
+        """The drafter's cost profile corrected by this generator's verify timings (None: none)."""
+        return self.controller.online
+
     def save_cost_correction(self):
         """Write the drafter's cost profile back to the cache, corrected by the verify timings of
         this generator's requests (where some block size was timed often enough); the next load
         sizes drafts from it. An explicit step (the CLI takes it when a command ends), never
         mid-process: a profile read by a later load of this process stays the one it read.
         Returns the path written, or None."""
-        return self.online_cost.persist() if self.online_cost is not None else None
+        return self.controller.save_cost_correction()
 
     def _state(self, prompt: str | Sequence[int], cfg: GenerationConfig, chat: bool) -> DecodeState:
         model = self.target.model
@@ -150,7 +170,7 @@ class SpeculativeGenerator:
             ids=list(ids), prompt_len=len(ids), cfg=cfg, warper=warper, generator=gen,
             cache=new_cache(model.config), eos_ids=self.eos_ids,
             stop_check=make_stop_check(self.tokenizer, cfg.stop),
-            noise=GumbelNoise(cfg.seed) if coupled else None, clock=self.clock,
+            noise=GumbelNoise(cfg.seed) if coupled else None,
         )
 
     def _result(self, state: DecodeState, wall: float) -> GenerationResult:
@@ -181,11 +201,9 @@ class SpeculativeGenerator:
         if self.target.backend != self.kernels:
             self.target.use_kernels(self.kernels, keep=True)
         state = self._state(prompt, cfg, chat)
-        if state.rejection:  # the text depends on the drafts: nothing may carry over from earlier requests
-            restore_request_state(self.drafter, self._fresh_drafter)
-        with torch_threads(self.threads):
+        with torch_threads(self.threads):  # under rejection sampling the controller restores the load-time state
             t0 = self.clock(None)
-            for new in run(state, self.target.model, self.drafter, self.online_cost):
+            for new in run(state, self.target.model, self.controller):
                 yield state, new
             self.last_result = self._result(state, self.clock(None) - t0)
 

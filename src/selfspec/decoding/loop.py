@@ -11,11 +11,11 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
-from ..core.online_cost import OnlineCost
 from ..core.sampling import sample
 from ..models.adapter import forward_block
+from .controller import DraftController
 from .protocol import Drafter, Proposal
-from .state import DecodeState, StepTime, VerifyOutput
+from .state import DecodeState, VerifyOutput
 
 
 def choose_token(state: DecodeState, logits: torch.Tensor) -> int:
@@ -90,13 +90,14 @@ def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict
 
 
 @torch.inference_mode()
-def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter,
-        online: OnlineCost | None = None) -> Iterator[list[int]]:
+def run(state: DecodeState, model: torch.nn.Module, controller: DraftController) -> Iterator[list[int]]:
     """Decode until a stop condition; yields the token ids committed at each step. Every step is
-    timed on ``state.clock``, and the drafter's ``observe`` gets the step's measured seconds
-    (``state.step_time``; none under rejection sampling). ``online`` receives the time of every
-    verify forward (by its block size), to correct the drafter's cost profile from the next load on."""
+    timed on the controller's clock; the controller gets every verify forward's time (its cost
+    correction) and hands the drafter's ``observe`` the step's measured seconds
+    (``state.step_time``)."""
     device = next(model.parameters()).device
+    controller.start(state)
+    drafter = controller.drafter
     now = state.clock
     yield prefill(state, model, drafter)
     while not state.done:
@@ -111,15 +112,15 @@ def run(state: DecodeState, model: torch.nn.Module, drafter: Drafter,
             raise RuntimeError(f"drafter {drafter.name} proposed a tree whose root is not the pending token")
         t1 = now(device)
         out = verify(state, model, proposal, drafter.needs_hidden)
-        if online is not None:
+        if controller.online is not None:  # the cost correction: every verify forward, by its block size
             pig = proposal.piggyback
-            online.observe(tree.size + (pig.tokens.numel() if pig is not None else 0), now(device) - t1)
+            controller.verified(tree.size + (pig.tokens.numel() if pig is not None else 0), now(device) - t1)
         verdict = accept(state, proposal, out)
         kv_cache.commit(state.cache, out.base, verdict.accepted_nodes)
         t2 = now(device)
         new = tree.path_tokens(verdict.accepted_nodes[1:]) + [verdict.bonus_token]
         kept = state.commit(new)
-        state.step_time = StepTime() if state.rejection else StepTime(t1 - t0, t2 - t0)
+        controller.measured(state, t1 - t0, t2 - t0)
         drafter.observe(state, proposal, verdict, out)
         t3 = now(None)
         state.stats.draft_s += (t1 - t0) + (t3 - t2)

@@ -64,7 +64,7 @@ class Drafter(Protocol):
         lossless: True when greedy ids and the sampling distribution are provably unchanged.
         needs_hidden: the verify forward must return the target's hidden states.
         request_state: the attributes that adapt across requests (budget and acceptance
-            estimators, calibration, back-off): what :func:`~selfspec.drafters.base.snapshot_request_state`
+            estimators, calibration, back-off): what :func:`~selfspec.decoding.controller.snapshot_request_state`
             copies and ``restore_request_state`` puts back; everything else is reset in ``prefill``.
     """
 

@@ -8,7 +8,6 @@ lives in :mod:`selfspec.decoding.protocol`, beside the loop that calls it.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,20 +54,3 @@ def build_ar(spec: MethodSpec, target, cfg: NoOptions, ctx: BuildContext) -> Nul
 
 AR = MethodSpec("ar", NoOptions, build_ar, True, "plain autoregressive decoding on the same loop (the baseline)",
                auto=ALWAYS)
-
-
-def snapshot_request_state(drafter) -> dict:
-    """A copy of what a drafter learns across requests (see :func:`restore_request_state`)."""
-    return {k: copy.deepcopy(getattr(drafter, k)) for k in drafter.request_state}
-
-
-def restore_request_state(drafter, snapshot: dict) -> None:
-    """Reset a drafter's learned budget state to ``snapshot``.
-
-    Under ``rejection`` sampling the draft lengths change how much randomness a step consumes,
-    so the text depends on them; restoring the state from load time before each such request
-    makes a seeded sample independent of earlier requests. Greedy and ``coupled`` outputs never
-    depend on drafts, so there the estimates carry over and keep improving.
-    """
-    for k, v in snapshot.items():
-        setattr(drafter, k, copy.deepcopy(v))

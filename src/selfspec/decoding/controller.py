@@ -1,0 +1,88 @@
+"""The draft controller: what every method shares around its drafts, owned by one generator and
+run by the loop (:func:`selfspec.decoding.loop.run`).
+
+It owns:
+
+* **the clock** (injected; :func:`~selfspec.core.timing.now` by default): every step is timed on
+  it, and the drafter's ``observe`` gets what the loop measured (``state.step_time``), so no
+  drafter keeps a stopwatch and tests drive draft sizing with fake clocks;
+* **the cost profile's online correction** (:class:`~selfspec.core.online_cost.OnlineCost` over
+  the drafter's profile): the loop times every verify forward into it, and
+  :meth:`save_cost_correction` writes it back at an explicit point (no exit hook, nothing global);
+* **per-request state**: what the drafter learns across requests (``drafter.request_state``) is
+  snapshotted at load and restored before every rejection-sampled request, whose text depends on
+  the draft lengths, so a seed reproduces a sample whatever ran before.
+
+How much to draft is still decided inside each drafter, from the shared toolkit
+(``drafters/budget.py``, ``backoff.py``, ``estimators.py``) fed with the controller's timings.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..core.online_cost import OnlineCost
+from ..core.timing import now
+from .protocol import Drafter
+from .state import Clock, DecodeState, StepTime
+
+
+def snapshot_request_state(drafter: Drafter) -> dict:
+    """A copy of what ``drafter`` learns across requests (its ``request_state`` attributes)."""
+    return {k: copy.deepcopy(getattr(drafter, k)) for k in drafter.request_state}
+
+
+def restore_request_state(drafter: Drafter, snapshot: dict) -> None:
+    """Put ``snapshot`` (:func:`snapshot_request_state`) back into ``drafter``."""
+    for k, v in snapshot.items():
+        setattr(drafter, k, copy.deepcopy(v))
+
+
+class DraftController:
+    """The clock, the cost correction and the per-request state of one generator's drafter.
+
+    Attributes:
+        drafter: the method's drafter (the loop calls its ``prefill / propose / observe``).
+        clock: what every step is timed with.
+        online: the drafter's cost profile corrected by this generator's verify timings (None
+            when the drafter sizes nothing from a profile).
+    """
+
+    def __init__(self, drafter: Drafter, clock: Clock = now) -> None:
+        self.clock = clock
+        self.drafter = drafter
+
+    @property
+    def drafter(self) -> Drafter:
+        return self._drafter
+
+    @drafter.setter
+    def drafter(self, drafter: Drafter) -> None:
+        """A new drafter: its load-time request state and profile become the controller's."""
+        self._drafter = drafter
+        self._fresh = snapshot_request_state(drafter) if hasattr(drafter, "request_state") else {}
+        profile = drafter.cost_profile() if hasattr(drafter, "cost_profile") else None
+        self.online = OnlineCost(profile) if profile is not None else None
+
+    def start(self, state: DecodeState) -> None:
+        """Before a request: its steps are timed on the controller's clock, and under rejection
+        sampling the drafter starts from its load-time state."""
+        state.clock = self.clock
+        state.step_time = StepTime()
+        if state.rejection:
+            restore_request_state(self._drafter, self._fresh)
+
+    def verified(self, block: int, seconds: float) -> None:
+        """One verify forward of ``block`` tokens took ``seconds``."""
+        if self.online is not None:
+            self.online.observe(block, seconds)
+
+    def measured(self, state: DecodeState, draft_s: float, step_s: float) -> None:
+        """The step's propose took ``draft_s`` and the whole step ``step_s``: what ``observe``
+        sees (nothing under rejection sampling: no draft may be sized from the clock)."""
+        state.step_time = StepTime() if state.rejection else StepTime(draft_s, step_s)
+
+    def save_cost_correction(self):
+        """Write the corrected cost profile back to the cache (see
+        :meth:`~selfspec.core.online_cost.OnlineCost.persist`); the path, or None."""
+        return self.online.persist() if self.online is not None else None
