@@ -10,7 +10,8 @@ import torch
 
 import selfspec
 from selfspec.core.cost import CostProfile
-from selfspec.drafters.self_spec import GammaExit
+from selfspec.drafters.budget import ChainBudget
+from selfspec.drafters.self_spec import DraftRule, GammaExit
 from selfspec.drafters.skip_config import (
     GammaSettings,
     SkipConfig,
@@ -68,16 +69,31 @@ def test_drafting_leaves_the_committed_cache_untouched(tiny_dir):
     assert snapshots and all(snapshots)
 
 
-def test_simulate_counts_cycles():
+def _rule(prof, draft_exit, draft_s=0.5):
+    """The decoder's rule over a fresh budget (its cost prior: ``draft_s`` T(1) a token)."""
+    budget = ChainBudget(prof, 4)
+    budget.set_prior(budget.alpha, draft_s * prof.t1)
+    return DraftRule(budget, GammaExit(GammaSettings(gamma0=0.0)), draft_exit, True, 0.3)  # gamma never stops
+
+
+def test_simulate_replays_the_decoders_rule():
+    """The tuner's proxy replays the drafter's own DraftRule: its draft length, exit, verified
+    prefix and updates (a flat cost profile: verifying more is free)."""
     prof = CostProfile((1, 2, 3, 4, 5), (1.0, 1.0, 1.0, 1.0, 1.0), 0, "flat")
-    gamma = GammaExit(GammaSettings(gamma0=0.0))  # never stops on confidence
     flags = [True, True, False, True, True, True]
-    tokens, cost, drafted, accepted = simulate(flags, [0.9] * 6, "gamma", gamma, 4, 0.0, 0.5, prof)
+    tokens, cost, drafted, accepted = simulate(flags, [0.9] * 6, _rule(prof, "gamma"), 0.5, prof)
     # cycle 1 drafts 4 (pos 0..3), accepts 2 -> 3 tokens; cycle 2 at pos 3 drafts 3, accepts 3 -> 4 tokens
     assert (tokens, drafted, accepted) == (7, 7, 5)
     assert cost == pytest.approx(7 * 0.5 + 2 * 1.0)
-    tokens, _, drafted, accepted = simulate(flags, [0.9, 0.2, 0.9, 0.9, 0.9, 0.9], "cost", gamma, 4, 0.3, 0.5, prof)
-    assert (tokens, drafted) == (7, 5)  # the low confidence at pos 1 ends the first draft after 2 (2 + 3)
+    rule = _rule(prof, "cost", 0.0)  # a draft believed free: the budget lets it run to its length
+    tokens, _, drafted, accepted = simulate(flags, [0.9, 0.2, 0.9, 0.9, 0.9, 0.9], rule, 0.5, prof)
+    # the low confidence at pos 1 ends the first draft after 2; having measured 0.5 T(1) a draft
+    # token there, the budget sizes the next draft at 2, not the 3 that are left
+    assert (tokens, drafted, accepted) == (6, 4, 4)
+    assert rule.budget.draft_cost > 0 and rule.budget.alpha > _rule(prof, "cost").budget.alpha  # it learned
+    # a draft that costs 3 T(1) a token never pays: the rule backs off to plain steps (probes aside)
+    tokens, cost, drafted, _ = simulate([True] * 6, [0.9] * 6, _rule(prof, "cost", 3.0), 3.0, prof)
+    assert drafted == 0 and tokens == 6 and cost == pytest.approx(6.0)
 
 
 def _config(target, name=None, attn=(1,), mlp=()):

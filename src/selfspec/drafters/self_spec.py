@@ -146,6 +146,52 @@ class GammaExit:
         self.gamma = self.s.beta2 * self.gamma + (1 - self.s.beta2) * target
 
 
+class DraftRule:
+    """THE self-spec rule of one step, over a drafter's budget and gamma exit: how long the draft
+    may run (:meth:`max_draft`), when it stops (:meth:`stop_after`), how much of it is verified
+    (:meth:`verify_count`) and what verification teaches (:meth:`update`). The drafter decodes
+    with it and the tuner's proxy objective replays it (``tune/objectives.simulate``), so the two
+    cannot drift. Holds references, not copies: updates land in the budget and the exit."""
+
+    def __init__(self, budget: ChainBudget, gamma: GammaExit, draft_exit: str, auto_k: bool,
+                 min_confidence: float) -> None:
+        self.budget, self.gamma, self.draft_exit, self.auto_k = budget, gamma, draft_exit, auto_k
+        self.min_confidence = min_confidence if auto_k else 0.0
+        self.p_all = 1.0
+
+    def max_draft(self, room: int) -> int:
+        """The longest draft this step (0: a plain step), at most ``room``."""
+        if not self.auto_k:
+            return min(self.budget.k, room)
+        k = self.budget.choose(room)
+        if self.draft_exit == "gamma" and k > 0:  # the budget only decides whether to draft at all
+            return min(self.budget.k, room)
+        return k
+
+    def start(self) -> None:
+        """A draft begins."""
+        self.p_all = 1.0
+
+    def stop_after(self, confidence: float) -> bool:
+        """After drafting a token of this confidence: stop the draft here?"""
+        self.p_all *= self.budget.calibration(confidence)
+        if self.draft_exit == "gamma":
+            return self.gamma.stop(confidence)
+        return self.draft_exit == "cost" and self.p_all < self.min_confidence
+
+    def verify_count(self, confidences: list[float]) -> int:
+        """How many of the drafted tokens (their confidences, in order) to verify."""
+        if self.draft_exit == "cost" and self.auto_k:
+            return self.budget.best_prefix(confidences)
+        return len(confidences)
+
+    def update(self, verified: int, accepted: int, draft_seconds: float | None, drafted: int,
+               confidences: list[float]) -> None:
+        """``accepted`` of ``verified`` drafts were kept; drafting ``drafted`` took ``draft_seconds``."""
+        self.budget.update(verified, accepted, draft_seconds, drafted, confidences)
+        self.gamma.update(accepted, verified)
+
+
 class SelfSpecDrafter:
     name = "self-spec"
     lossless = True
@@ -176,7 +222,7 @@ class SelfSpecDrafter:
         self.draft_exit = draft_exit
         self.gamma = GammaExit(gamma or GammaSettings())
         self.auto_k = auto_k
-        self.min_confidence = min_confidence if auto_k else 0.0
+        self.min_confidence = min_confidence
         self.device = next(model.parameters()).device
         self.lm_head = lm_head
         self.switch = switch
@@ -190,16 +236,13 @@ class SelfSpecDrafter:
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.gamma.new_prompt()
 
-    def _max_draft(self, room: int) -> int:
-        if not self.auto_k:
-            return min(self.budget.k, room)
-        k = self.budget.choose(room)
-        if self.draft_exit == "gamma" and k > 0:  # the budget only decides whether to draft at all
-            return min(self.budget.k, room)
-        return k
+    def rule(self) -> DraftRule:
+        """The step rule over this drafter's (current) budget and gamma exit."""
+        return DraftRule(self.budget, self.gamma, self.draft_exit, self.auto_k, self.min_confidence)
 
     def propose(self, state: DecodeState) -> Proposal:
-        k = self._max_draft(state.draft_room)
+        rule = self.rule()
+        k = rule.max_draft(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
         base = kv_cache.cache_length(state.cache)
@@ -207,7 +250,8 @@ class SelfSpecDrafter:
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         confidences: list[float] = []
-        p_all, x = 1.0, state.pending
+        x = state.pending
+        rule.start()
         full = self.lm_head.full if self.lm_head is not None else (lambda v: v)
         try:
             with skip_sublayers(self.model, self.skip), (self.switch.active() if self.switch else nullcontext()):
@@ -224,18 +268,14 @@ class SelfSpecDrafter:
                         conf = float(logits.softmax(-1)[x]) if self.draft_exit == "gamma" else float(q[x])
                     tokens.append(x)
                     confidences.append(conf)
-                    p_all *= self.budget.calibration(conf)
-                    if self.draft_exit == "gamma" and self.gamma.stop(conf):
-                        break
-                    if self.draft_exit == "cost" and p_all < self.min_confidence:
+                    if rule.stop_after(conf):
                         break
         finally:
             kv_cache.truncate(state.cache, base)  # draft KV never reaches the committed cache
         self._drafted = len(tokens)
         self._confidences = confidences
-        if self.draft_exit == "cost" and self.auto_k:
-            keep = self.budget.best_prefix(confidences)
-            tokens, qs = tokens[:keep], qs[:keep]
+        keep = rule.verify_count(confidences)
+        tokens, qs = tokens[:keep], qs[:keep]
         probs_rows = torch.stack([torch.zeros_like(qs[0]), *qs]) if qs and tokens else None
         return Proposal(DraftTree.chain([state.pending, *tokens], probs_rows))
 
@@ -243,9 +283,8 @@ class SelfSpecDrafter:
         verified = proposal.tree.size - 1
         if self._drafted:
             # the loop's measure of this propose (None under rejection sampling: no wall clock)
-            self.budget.update(verified, verdict.num_accepted, state.step_time.draft_s, self._drafted,
+            self.rule().update(verified, verdict.num_accepted, state.step_time.draft_s, self._drafted,
                                self._confidences)
-            self.gamma.update(verdict.num_accepted, verified)
         self._drafted = 0
 
 

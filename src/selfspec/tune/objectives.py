@@ -28,7 +28,8 @@ import torch
 from ..core import kv_cache
 from ..core.cost import CostProfile
 from ..core.timing import Stopwatch
-from ..drafters.self_spec import GammaExit, draft_forward
+from ..drafters.budget import ChainBudget
+from ..drafters.self_spec import DraftRule, GammaExit, draft_forward
 from ..drafters.skip_config import DraftCost, GammaSettings
 from ..drafters.vocab import DraftLMHead
 from ..kernels.switch import LinearSwitch
@@ -112,13 +113,16 @@ class _Continuation:
     cache: object
 
 
-def simulate(flags: list[bool], confidences: list[float], draft_exit: str, gamma: GammaExit, max_draft: int,
-             min_confidence: float, draft_ratio: float, profile: CostProfile) -> tuple[int, float, int, int]:
-    """Replay the decoder's exit rule on teacher-forced agreement flags of one continuation.
+def simulate(flags: list[bool], confidences: list[float], rule: DraftRule, draft_ratio: float,
+             profile: CostProfile) -> tuple[int, float, int, int]:
+    """Replay the decoder's own step rule (:class:`~selfspec.drafters.self_spec.DraftRule`: the
+    budget's draft length and calibrated exit, the verified prefix, the updates) on teacher-forced
+    agreement flags of one continuation.
 
     Args:
         flags: ``flags[i]``: the draft's argmax after ``y_i`` equals ``y_{i+1}``.
         confidences: the draft's confidence at each position.
+        rule: the rule over a fresh budget and gamma exit (they learn along the continuation).
         draft_ratio: draft cost of one token in units of T(1).
 
     Returns:
@@ -128,24 +132,26 @@ def simulate(flags: list[bool], confidences: list[float], draft_exit: str, gamma
     pos = tokens = drafted = accepted = 0
     cost = 0.0
     while pos < n:
-        d, p_all = 0, 1.0
-        for j in range(max_draft):
-            if pos + j >= n:
-                break
+        k = rule.max_draft(n - pos)
+        if k == 0:  # a plain step
+            tokens, cost, pos = tokens + 1, cost + 1.0, pos + 1
+            continue
+        d = 0
+        rule.start()
+        for j in range(min(k, n - pos)):
             d += 1
-            p_all *= confidences[pos + j]
-            if draft_exit == "gamma" and gamma.stop(confidences[pos + j]):
+            if rule.stop_after(confidences[pos + j]):
                 break
-            if draft_exit == "cost" and p_all < min_confidence:
-                break
+        confs = confidences[pos : pos + d]
+        keep = rule.verify_count(confs)
         a = 0
-        while a < d and flags[pos + a]:
+        while a < keep and flags[pos + a]:
             a += 1
         tokens += a + 1
-        drafted += d
+        drafted += keep
         accepted += a
-        cost += d * draft_ratio + profile.ratio(d + 1)
-        gamma.update(a, d)
+        cost += d * draft_ratio + profile.ratio(keep + 1)
+        rule.update(keep, a, d * draft_ratio * profile.t1, d, confs)
         pos += a + 1
     return tokens, cost, drafted, accepted
 
@@ -199,13 +205,15 @@ class ProxyObjective:
     def __call__(self, skip: SkipSet) -> Evaluation:
         ratio = self.draft_cost.ratio(skip)
         gamma = GammaExit(self.gamma)
+        budget = ChainBudget(self.profile, self.gamma.max_draft)  # as build() makes the drafter's
+        budget.set_prior(budget.alpha, ratio * self.profile.t1)
+        rule = DraftRule(budget, gamma, self.draft_exit, True, self.min_confidence)
         tokens = drafted = accepted = 0
         cost = 0.0
         agree = total = 0
         for flags, conf in self.agreement(skip):
             gamma.new_prompt()
-            t, c, d, a = simulate(flags, conf, self.draft_exit, gamma, self.gamma.max_draft, self.min_confidence,
-                                  ratio, self.profile)
+            t, c, d, a = simulate(flags, conf, rule, ratio, self.profile)
             tokens, cost, drafted, accepted = tokens + t, cost + c, drafted + d, accepted + a
             agree, total = agree + sum(flags), total + len(flags)
         speedup = tokens / cost if cost > 0 else 0.0
