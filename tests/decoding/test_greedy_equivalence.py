@@ -212,24 +212,18 @@ def test_eagle_heads_match_generate(target, references, case):
 
 
 def test_eagle_oracle_pool_all_accepted(target, references):
-    """The expansion is replaced by an oracle whose best path is the reference continuation
-    (with a decoy sibling at every depth): every drafted depth is accepted, and catch-up,
-    rerank, commit and the head's feature bookkeeping still run for real."""
+    """The expansion hook gets an oracle whose best path is the reference continuation (with a
+    decoy sibling at every depth): every drafted depth is accepted, and catch-up, rerank, commit
+    and the head's feature bookkeeping still run for real."""
     from selfspec.drafters.eagle import Pool
 
     depth = 3
     g = selfspec.load(target, "eagle2", head="random:0", total_tokens=2 * (depth + 1) + 1, top_k=2, depth=depth,
                       self_test=False)
-    d = g.drafter
     ctx: dict = {}
-    inner = d.propose
 
-    def propose(state):
-        ctx["gen"] = state.ids[ctx["plen"]:]
-        return inner(state)
-
-    def expand(h_last, position, state=None):
-        fut = ctx["ref"][len(ctx["gen"]):]
+    def oracle(h_last, position, state):
+        fut = ctx["ref"][len(state.ids) - ctx["plen"]:]
         scores, tokens, parents = [], [], []
         parent = -1
         for i, tok in enumerate(fut[: depth + 1]):
@@ -239,7 +233,7 @@ def test_eagle_oracle_pool_all_accepted(target, references):
             parent = len(tokens) - 2
         return Pool(torch.tensor(scores), torch.tensor(tokens), torch.tensor(parents))
 
-    d.propose, d.expand = propose, expand
+    g.drafter.expansion = oracle
     for p, ref in zip(PROMPTS, references):
         ctx["plen"], ctx["ref"] = len(p), ref
         r = g.generate(p, max_new_tokens=MAX_NEW)

@@ -31,6 +31,7 @@ renormalises ``p`` without it (lossless; see ``core/acceptance.py``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -192,6 +193,9 @@ class EagleDrafter:
         self._path_probs: list[float] = []  # of the proposed tree's drafted nodes, tree order
         self._timed = False  # this step's seconds feed the back-off (drafted, or a backed-off plain step)
         self._drafted = False  # whether this step ran the head
+        # the pool a step's tree is chosen from: the head's expansion; an oracle test injects its own
+        # (same signature), and catch-up, rerank, commit and the feature bookkeeping still run for real
+        self.expansion: Callable[[torch.Tensor, int, DecodeState | None], Pool] = self.expand
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -328,7 +332,7 @@ class EagleDrafter:
             return Proposal(DraftTree.chain([state.pending]))
         self._drafted = True
         h_last = self.catch_up(state.ids)
-        pool = self.expand(h_last, self.length, state)
+        pool = self.expansion(h_last, self.length, state)
         kv_cache.truncate(self.cache, self.length)
         if self.cfg.total_tokens:
             n = self.cfg.total_tokens - 1
