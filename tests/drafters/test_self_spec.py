@@ -10,8 +10,7 @@ import torch
 
 import selfspec
 from selfspec.core.cost import CostProfile
-from selfspec.drafters.budget import ChainBudget
-from selfspec.drafters.self_spec import DraftRule, GammaExit
+from selfspec.drafters.budget import ChainBudget, DraftRule, GammaExit
 from selfspec.drafters.skip_config import (
     GammaSettings,
     SkipConfig,

@@ -9,6 +9,8 @@ acceptance seen so far. Every drafter that sizes its drafts uses these pieces:
   up to :data:`MAX_PROBE` and resets once drafting pays, so a draft that never pays costs ever less.
 * :class:`~.estimators.DecayedRates` - acceptance estimates with exponential forgetting, started from a prior.
 * :class:`~.backoff.Backoff` - the same schedule driven by measured tokens per second (EAGLE trees).
+* :class:`GammaExit` (Draft & Verify's adaptive exit) and :class:`DraftRule` - self-spec's step
+  rule over a :class:`ChainBudget`, shared by its drafter and the tuner's proxy objective.
 * Timing comes from :mod:`selfspec.core.timing` (it syncs on CUDA). Under rejection sampling
   (``state.rejection``) drafters never size drafts from the wall clock: they pass ``None``
   seconds and skip timing-driven decisions, so a draft depends on the request alone.
@@ -40,6 +42,7 @@ from .estimators import (
     ConfidenceCalibration,
     DecayedRates,
 )
+from .skip_config import GammaSettings
 
 
 def prefix_products(rates: Iterable[float]) -> list[float]:
@@ -213,3 +216,80 @@ class PositionalAcceptance:
     def update(self, proposed: int, accepted: int) -> None:
         for j in range(min(proposed, accepted + 1, self.max_k)):
             self.acceptance.observe(j, j < accepted)
+
+
+class GammaExit:
+    """The paper's adaptive draft exit (Draft & Verify Eq. 2-4).
+
+    After each verification with ``a`` of ``d`` drafts accepted: ``AR_e = a / d``;
+    ``AR <- beta1 * AR + (1 - beta1) * AR_e`` (``AR = AR_e`` at the first cycle of a prompt);
+    ``gamma~ = gamma + eps`` if ``AR <= alpha`` else ``gamma - eps``;
+    ``gamma <- beta2 * gamma + (1 - beta2) * gamma~``. Gamma is carried across prompts and AR is
+    reset at each prompt, as in the paper's evaluation code.
+    """
+
+    def __init__(self, settings: GammaSettings) -> None:
+        self.s = settings
+        self.gamma = settings.gamma0
+        self.ar: float | None = None
+
+    def new_prompt(self) -> None:
+        self.ar = None
+
+    def stop(self, confidence: float) -> bool:
+        """After keeping a draft of this confidence: stop drafting?"""
+        return confidence < self.gamma
+
+    def update(self, accepted: int, drafted: int) -> None:
+        if drafted <= 0:
+            return
+        ar_e = accepted / drafted
+        self.ar = ar_e if self.ar is None else self.s.beta1 * self.ar + (1 - self.s.beta1) * ar_e
+        target = self.gamma + self.s.epsilon if self.ar <= self.s.alpha else self.gamma - self.s.epsilon
+        self.gamma = self.s.beta2 * self.gamma + (1 - self.s.beta2) * target
+
+
+class DraftRule:
+    """THE self-spec rule of one step, over a drafter's budget and gamma exit: how long the draft
+    may run (:meth:`max_draft`), when it stops (:meth:`stop_after`), how much of it is verified
+    (:meth:`verify_count`) and what verification teaches (:meth:`update`). The drafter decodes
+    with it and the tuner's proxy objective replays it (``tune/objectives.simulate``), so the two
+    cannot drift. Holds references, not copies: updates land in the budget and the exit."""
+
+    def __init__(self, budget: ChainBudget, gamma: GammaExit, draft_exit: str, auto_k: bool,
+                 min_confidence: float) -> None:
+        self.budget, self.gamma, self.draft_exit, self.auto_k = budget, gamma, draft_exit, auto_k
+        self.min_confidence = min_confidence if auto_k else 0.0
+        self.p_all = 1.0
+
+    def max_draft(self, room: int) -> int:
+        """The longest draft this step (0: a plain step), at most ``room``."""
+        if not self.auto_k:
+            return min(self.budget.k, room)
+        k = self.budget.choose(room)
+        if self.draft_exit == "gamma" and k > 0:  # the budget only decides whether to draft at all
+            return min(self.budget.k, room)
+        return k
+
+    def start(self) -> None:
+        """A draft begins."""
+        self.p_all = 1.0
+
+    def stop_after(self, confidence: float) -> bool:
+        """After drafting a token of this confidence: stop the draft here?"""
+        self.p_all *= self.budget.calibration(confidence)
+        if self.draft_exit == "gamma":
+            return self.gamma.stop(confidence)
+        return self.draft_exit == "cost" and self.p_all < self.min_confidence
+
+    def verify_count(self, confidences: list[float]) -> int:
+        """How many of the drafted tokens (their confidences, in order) to verify."""
+        if self.draft_exit == "cost" and self.auto_k:
+            return self.budget.best_prefix(confidences)
+        return len(confidences)
+
+    def update(self, verified: int, accepted: int, draft_seconds: float | None, drafted: int,
+               confidences: list[float]) -> None:
+        """``accepted`` of ``verified`` drafts were kept; drafting ``drafted`` took ``draft_seconds``."""
+        self.budget.update(verified, accepted, draft_seconds, drafted, confidences)
+        self.gamma.update(accepted, verified)

@@ -41,7 +41,7 @@ from ..errors import SelfspecError
 from ..kernels.switch import DRAFT_KERNELS, LinearSwitch
 from ..models.adapter import build_mask
 from ..models.skipping import SkipSet, skip_sublayers
-from .budget import ChainBudget
+from .budget import ChainBudget, DraftRule, GammaExit
 from .skip_config import GammaSettings, find
 from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
@@ -113,83 +113,6 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
         return lm_head(hidden[-1:] if last_only else hidden)
     out = model(**kwargs, logits_to_keep=1 if last_only else 0)
     return out.logits[0].float()
-
-
-class GammaExit:
-    """The paper's adaptive draft exit (Draft & Verify Eq. 2-4).
-
-    After each verification with ``a`` of ``d`` drafts accepted: ``AR_e = a / d``;
-    ``AR <- beta1 * AR + (1 - beta1) * AR_e`` (``AR = AR_e`` at the first cycle of a prompt);
-    ``gamma~ = gamma + eps`` if ``AR <= alpha`` else ``gamma - eps``;
-    ``gamma <- beta2 * gamma + (1 - beta2) * gamma~``. Gamma is carried across prompts and AR is
-    reset at each prompt, as in the paper's evaluation code.
-    """
-
-    def __init__(self, settings: GammaSettings) -> None:
-        self.s = settings
-        self.gamma = settings.gamma0
-        self.ar: float | None = None
-
-    def new_prompt(self) -> None:
-        self.ar = None
-
-    def stop(self, confidence: float) -> bool:
-        """After keeping a draft of this confidence: stop drafting?"""
-        return confidence < self.gamma
-
-    def update(self, accepted: int, drafted: int) -> None:
-        if drafted <= 0:
-            return
-        ar_e = accepted / drafted
-        self.ar = ar_e if self.ar is None else self.s.beta1 * self.ar + (1 - self.s.beta1) * ar_e
-        target = self.gamma + self.s.epsilon if self.ar <= self.s.alpha else self.gamma - self.s.epsilon
-        self.gamma = self.s.beta2 * self.gamma + (1 - self.s.beta2) * target
-
-
-class DraftRule:
-    """THE self-spec rule of one step, over a drafter's budget and gamma exit: how long the draft
-    may run (:meth:`max_draft`), when it stops (:meth:`stop_after`), how much of it is verified
-    (:meth:`verify_count`) and what verification teaches (:meth:`update`). The drafter decodes
-    with it and the tuner's proxy objective replays it (``tune/objectives.simulate``), so the two
-    cannot drift. Holds references, not copies: updates land in the budget and the exit."""
-
-    def __init__(self, budget: ChainBudget, gamma: GammaExit, draft_exit: str, auto_k: bool,
-                 min_confidence: float) -> None:
-        self.budget, self.gamma, self.draft_exit, self.auto_k = budget, gamma, draft_exit, auto_k
-        self.min_confidence = min_confidence if auto_k else 0.0
-        self.p_all = 1.0
-
-    def max_draft(self, room: int) -> int:
-        """The longest draft this step (0: a plain step), at most ``room``."""
-        if not self.auto_k:
-            return min(self.budget.k, room)
-        k = self.budget.choose(room)
-        if self.draft_exit == "gamma" and k > 0:  # the budget only decides whether to draft at all
-            return min(self.budget.k, room)
-        return k
-
-    def start(self) -> None:
-        """A draft begins."""
-        self.p_all = 1.0
-
-    def stop_after(self, confidence: float) -> bool:
-        """After drafting a token of this confidence: stop the draft here?"""
-        self.p_all *= self.budget.calibration(confidence)
-        if self.draft_exit == "gamma":
-            return self.gamma.stop(confidence)
-        return self.draft_exit == "cost" and self.p_all < self.min_confidence
-
-    def verify_count(self, confidences: list[float]) -> int:
-        """How many of the drafted tokens (their confidences, in order) to verify."""
-        if self.draft_exit == "cost" and self.auto_k:
-            return self.budget.best_prefix(confidences)
-        return len(confidences)
-
-    def update(self, verified: int, accepted: int, draft_seconds: float | None, drafted: int,
-               confidences: list[float]) -> None:
-        """``accepted`` of ``verified`` drafts were kept; drafting ``drafted`` took ``draft_seconds``."""
-        self.budget.update(verified, accepted, draft_seconds, drafted, confidences)
-        self.gamma.update(accepted, verified)
 
 
 class SelfSpecDrafter:

@@ -49,11 +49,12 @@ from ..heads.checkpoints import load_draft_head
 from ..heads.eagle3 import Eagle3Head
 from . import loop
 from .features import CachedSequence
+from .options import TrainingOptions
 from .trainer import recorded_options, training_vocab, with_feature_noise
 
 
 @dataclass(frozen=True)
-class Eagle3Options(loop.TrainingOptions):
+class Eagle3Options(TrainingOptions):
     """Hyper-parameters of EAGLE-3 head training (``docs/methods/hass.md`` "EAGLE-3 heads").
 
     Attributes:

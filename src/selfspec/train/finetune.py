@@ -28,10 +28,11 @@ import torch
 from ..models.finetuned import META_FILE, ROWS_FILE, add_tokens, apply_adapter
 from . import loop
 from .conversations import Example
+from .options import TrainingOptions
 
 
 @dataclass(frozen=True)
-class FinetuneOptions(loop.TrainingOptions):
+class FinetuneOptions(TrainingOptions):
     """Hyper-parameters of the shared fine-tuning loop.
 
     Attributes:

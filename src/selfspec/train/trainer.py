@@ -24,10 +24,11 @@ from . import loop
 from .features import CachedSequence
 from .hca import HcaModel
 from .losses import LossWeights, pass_losses, teacher
+from .options import TrainingOptions
 
 
 @dataclass(frozen=True)
-class TrainOptions(loop.TrainingOptions):
+class TrainOptions(TrainingOptions):
     """Hyper-parameters (defaults: see ``docs/methods/hass.md`` for the paper's and why ours differ).
 
     Attributes:

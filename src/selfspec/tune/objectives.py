@@ -28,8 +28,8 @@ import torch
 from ..core import kv_cache
 from ..core.cost import CostProfile
 from ..core.timing import Stopwatch
-from ..drafters.budget import ChainBudget
-from ..drafters.self_spec import DraftRule, GammaExit, draft_forward
+from ..drafters.budget import ChainBudget, DraftRule, GammaExit
+from ..drafters.self_spec import draft_forward
 from ..drafters.skip_config import DraftCost, GammaSettings
 from ..drafters.vocab import DraftLMHead
 from ..kernels.switch import LinearSwitch
