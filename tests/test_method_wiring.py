@@ -250,3 +250,10 @@ def test_every_drafter_declares_its_request_state_and_cost_profile():
         init = inspect.getsource(c.__init__) if "__init__" in vars(c) else ""
         for name in c.request_state:  # each one is set at construction
             assert f"self.{name} =" in init or f"self.{name}," in init, (c, name)
+
+
+def test_every_module_of_the_package_is_under_400_lines():
+    """Files doing one job each (issue 33): a module past 400 lines is split by job, not grown."""
+    src = Path(selfspec.__file__).parent
+    long = {str(p.relative_to(src)): n for p in src.rglob("*.py") if (n := len(p.read_text().splitlines())) >= 400}
+    assert not long, long
