@@ -98,14 +98,8 @@ class EagleHead(nn.Module):
         """``fc([E(x); f])``: ``[B, T, H]`` x2 -> ``[B, T, H]``."""
         return self.fc(torch.cat([token_embeds.to(features.dtype), features], dim=-1))
 
-    def forward(
-        self,
-        features: torch.Tensor,
-        token_embeds: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        cache=None,
-    ) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor, cache=None) -> torch.Tensor:
         """Run the head over T new draft positions.
 
         Args:

@@ -183,14 +183,8 @@ class Eagle3Head(nn.Module):
                              f"(fused target features) or {self.hidden_size} (its own outputs)")
         return torch.cat([token_embeds.to(features.dtype), features], dim=-1)
 
-    def forward(
-        self,
-        features: torch.Tensor,
-        token_embeds: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        cache=None,
-    ) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor, cache=None) -> torch.Tensor:
         """Run the head over T new draft positions.
 
         Args:
