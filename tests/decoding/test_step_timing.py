@@ -35,7 +35,7 @@ class Recording:
     def __init__(self, inner) -> None:
         self.inner, self.seen = inner, []
         self.name, self.lossless, self.needs_hidden = inner.name, inner.lossless, inner.needs_hidden
-        self.request_state = getattr(inner, "request_state", ())
+        self.request_state = ()  # it learns nothing itself
 
     def cost_profile(self):
         return None

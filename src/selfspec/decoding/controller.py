@@ -60,8 +60,8 @@ class DraftController:
     def drafter(self, drafter: Drafter) -> None:
         """A new drafter: its load-time request state and profile become the controller's."""
         self._drafter = drafter
-        self._fresh = snapshot_request_state(drafter) if hasattr(drafter, "request_state") else {}
-        profile = drafter.cost_profile() if hasattr(drafter, "cost_profile") else None
+        self._fresh = snapshot_request_state(drafter)
+        profile = drafter.cost_profile()
         self.online = OnlineCost(profile) if profile is not None else None
 
     def start(self, state: DecodeState) -> None:
