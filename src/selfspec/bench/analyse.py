@@ -61,7 +61,7 @@ def analyse(b: BenchRun, run_load: LoadMonitor) -> dict:
     from ..core.machine import threads_hint
 
     meta, target, backends = b.meta, b.target, b.backends
-    names = list(b.generators) + b.peers
+    names = b.names
     records = [r for r in b.done.values() if r["method"] in names and r["prompt_id"] in {p.id for p in b.prompts}]
     busy = sum(1 for r in records if r.get("contended"))
     meta["environment"]["contended"] = run_load.contended or busy > 0

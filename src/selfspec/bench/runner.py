@@ -114,6 +114,16 @@ class BenchRun:
         return self.out / "records.jsonl"
 
     @property
+    def names(self) -> list[str]:
+        """Every contender by report name: the methods' generators, then the peers."""
+        return list(self.generators) + self.peers
+
+    @property
+    def eos(self) -> list[int]:
+        """The model's end-of-sequence ids, as the llama.cpp peers are given them."""
+        return sorted(next(iter(self.generators.values())).eos_ids)
+
+    @property
     def llama_names(self) -> list[str]:
         return [p for p in self.peers if p in LLAMA_PEERS]
 
@@ -245,10 +255,9 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
         n_ctx = -(-(args.turns * (longest + args.max_new_tokens) + 64) // 256) * 256
         llama_peers = {n: LlamaCppPeer(n, b.gguf, n_ctx, torch.get_num_threads(), f32=n != LLAMA_PEERS[0],
                                        vocab_size=b.target.model.config.vocab_size) for n in b.llama_names}
-    eos = sorted(next(iter(b.generators.values())).eos_ids)
     for p in b.peers:
         if p in llama_peers:
-            po = llama_peers[p].generate(b.prompt_ids(warm), short, eos)
+            po = llama_peers[p].generate(b.prompt_ids(warm), short, b.eos)
             if isinstance(po, PeerFailure):
                 print(f"selfspec: peer {p}: {po.message}", file=sys.stderr)
             continue
@@ -279,8 +288,7 @@ def measure_one(b: BenchRun, name: str, pr: Prompt, rep: int, llama_peers: dict[
                    accepted_per_step=r.accepted_per_step,
                    lossless=r.lossless, finish_reason=r.finish_reason)
     elif name in llama_peers:  # in its own process: a crash is a failed run, never a figure
-        eos = sorted(next(iter(b.generators.values())).eos_ids)
-        po = llama_peers[name].generate(ids, args.max_new_tokens, eos)
+        po = llama_peers[name].generate(ids, args.max_new_tokens, b.eos)
         mon.stop()
         rec.update(kind="peer", lossless=True, peer_info=llama_peers[name].info)
         if isinstance(po, PeerFailure):
@@ -306,7 +314,7 @@ def run(b: BenchRun):
 
     load_contenders(b)
     llama_peers = warm_up(b)
-    names = list(b.generators) + b.peers
+    names = b.names
     todo = [(rep, pr, n) for rep in range(b.args.repeats) for pr in b.prompts for n in names
             if (pr.id, n, rep) not in b.done]
     run_load = LoadMonitor().start()  # the whole timed part; each record also gets its own
