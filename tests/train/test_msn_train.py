@@ -53,6 +53,37 @@ def test_noise_is_one_span_of_earlier_copies_with_clean_labels():
     assert starts == set(range(10, 36))  # redrawn each time: every allowed start occurs
 
 
+def test_accuracy_by_noise_depth():
+    """acc{k+1} is scored exactly where the input is the span's k-th noise token; acc1 where it is clean."""
+    e = example()
+    obj = MsnObjective(MsnOptions(span=3))
+    b = obj.make_batch([e], random.Random(3))
+    depth = b["noise_depth"][0]
+    s = int(b["noisy"][0].nonzero()[0])
+    assert depth[s : s + 3].tolist() == [1, 2, 3] and int((depth > 0).sum()) == 3
+
+    class Oracle(torch.nn.Module):
+        """Right everywhere except after the 2nd noised input (a known accuracy pattern); its
+        "hidden states" are the logits and its output embedding the identity."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))  # the loss reads the device from here
+
+        def forward(self, input_ids, attention_mask=None, **kw):
+            tgt = b["targets"].clamp(min=0)
+            logits = torch.zeros(*input_ids.shape, 256).scatter_(-1, tgt.unsqueeze(-1), 1.0)
+            logits[..., 0] += 5.0 * (b["noise_depth"] == 2)  # token 0 wins after the 2nd noise token
+            return type("Out", (), {"hidden_states": (logits,)})()
+
+        def get_output_embeddings(self):
+            return torch.nn.Identity()
+
+    _, m = obj.loss(Oracle(), b)
+    assert m["acc1"] == 1.0 and m["acc2"] == 1.0 and m["acc3"] == 0.0 and m["acc4"] == 1.0
+    assert m["n_acc2"] == m["n_acc3"] == m["n_acc4"] == 1 and "acc5" not in m
+
+
 def test_span_zero_is_plain_sft():
     e = example()
     obj = MsnObjective(MsnOptions(span=0))

@@ -92,7 +92,8 @@ class MsnObjective:
 
     def make_batch(self, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
         """``input_ids`` (noised), ``attention_mask``, ``targets`` (clean next tokens, IGNORE where
-        not learned) and ``noisy`` (bool: the input at this position is noise) ``[B, L]``."""
+        not learned), ``noisy`` (bool: the input at this position is noise) and ``noise_depth``
+        (long: 0 where clean, ``k`` at the span's k-th noised input) ``[B, L]``."""
         return self._batch(examples, rng, self.opts.span)
 
     def make_eval_batch(self, examples: list[Example], rng: random.Random) -> dict[str, torch.Tensor]:
@@ -101,24 +102,27 @@ class MsnObjective:
 
     def _batch(self, examples: list[Example], rng: random.Random, span: int) -> dict[str, torch.Tensor]:
         inp, att, tgt = padded(examples, self.pad_id)
-        noisy = torch.zeros(tgt.shape, dtype=torch.bool)
+        depth = torch.zeros(tgt.shape, dtype=torch.long)
         for r, e in enumerate(examples):
             n = e.input_ids.numel()
             tgt[r, :n] = clean_targets(e.input_ids, e.loss_mask)
             inp[r, :n], s = noise_example(e.input_ids, e.loss_mask, span, rng)
             if s >= 0:
-                noisy[r, s : s + span] = True
-        return {"input_ids": inp, "attention_mask": att, "targets": tgt, "noisy": noisy}
+                depth[r, s : s + span] = torch.arange(1, span + 1)
+        return {"input_ids": inp, "attention_mask": att, "targets": tgt, "noisy": depth > 0, "noise_depth": depth}
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """Next-token cross-entropy over every learned position; metrics ``plain`` (positions whose
         own input is clean), ``noisy`` and ``acc_noisy`` (top-1 accuracy where the input is noise:
-        the model's Jacobi-style correction, what MSN trains)."""
+        the model's Jacobi-style correction, what MSN trains), and ``acc{j}`` by draft depth:
+        ``acc1`` where the input is clean, ``acc{k+1}`` after the span's k-th noised input (the
+        proxy of a Jacobi draft token j deep, predicted behind j - 1 guesses that may be wrong)."""
         device = next(model.parameters()).device
         tgt = batch["targets"].to(device)
         sel = tgt != IGNORE
         logits = scored_logits(model, batch["input_ids"].to(device), batch["attention_mask"].to(device), sel)
-        t, is_noisy = tgt[sel], batch["noisy"].to(device)[sel]
+        t, depth = tgt[sel], batch["noise_depth"].to(device)[sel]
+        is_noisy = depth > 0
         loss = F.cross_entropy(logits, t)
         m: dict[str, float] = {"loss": float(loss.detach()), "tokens": int(sel.sum()), "n_loss": int(sel.sum())}
         with torch.no_grad():
@@ -131,4 +135,8 @@ class MsnObjective:
             if is_noisy.any():
                 m["noisy"], m["n_noisy"] = float(ce[is_noisy].mean()), int(is_noisy.sum())
                 m["acc_noisy"], m["n_acc_noisy"] = float(hit[is_noisy].float().mean()), int(is_noisy.sum())
+            for k in range(1, int(depth.max()) + 1):
+                at = depth == k
+                if at.any():
+                    m[f"acc{k + 1}"], m[f"n_acc{k + 1}"] = float(hit[at].float().mean()), int(at.sum())
         return loss, m
