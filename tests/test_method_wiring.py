@@ -233,7 +233,8 @@ def test_every_readme_command_parses_and_validates():
 
 def test_every_drafter_declares_its_request_state_and_cost_profile():
     """The Drafter protocol's explicit members (no reflection in the package): each drafter class
-    names what adapts across requests, and says which cost profile it sizes drafts from."""
+    has snapshot / restore over the attributes it names as adapting across requests, and says
+    which cost profile it sizes drafts from."""
     import importlib
     import inspect
 
@@ -246,7 +247,7 @@ def test_every_drafter_declares_its_request_state_and_cost_profile():
     assert len(classes) >= 10
     for c in classes:
         assert isinstance(c.request_state, tuple) and all(isinstance(n, str) for n in c.request_state), c
-        assert callable(c.cost_profile), c
+        assert callable(c.cost_profile) and callable(c.snapshot) and callable(c.restore), c
         init = inspect.getsource(c.__init__) if "__init__" in vars(c) else ""
         for name in c.request_state:  # each one is set at construction
             assert f"self.{name} =" in init or f"self.{name}," in init, (c, name)

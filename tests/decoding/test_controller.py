@@ -5,15 +5,15 @@ whatever ran before. Greedy and coupled requests keep learning."""
 from __future__ import annotations
 
 import selfspec
-from selfspec.decoding.controller import DraftController, restore_request_state, snapshot_request_state
+from selfspec.decoding.controller import DraftController
 from selfspec.models.loading import load_model
 
 KW = dict(max_new_tokens=40, temperature=0.9, chat=False, ignore_eos=True, sampling="rejection")
 
 
-def _draft_model(tiny_dir, tiny_draft_dir):
+def _draft_model(tiny_dir, tiny_draft_dir, **opts):
     target = load_model(str(tiny_dir), kernels="stock")
-    return selfspec.load(target, "draft-model", draft_model=str(tiny_draft_dir), self_test=False)
+    return selfspec.load(target, "draft-model", draft_model=str(tiny_draft_dir), self_test=False, **opts)
 
 
 def test_a_rejection_sampled_request_does_not_depend_on_earlier_ones(tiny_dir, tiny_draft_dir):
@@ -26,12 +26,15 @@ def test_a_rejection_sampled_request_does_not_depend_on_earlier_ones(tiny_dir, t
 
 
 def test_greedy_requests_keep_what_the_drafter_learned(tiny_dir, tiny_draft_dir):
-    g = _draft_model(tiny_dir, tiny_draft_dir)
-    before = snapshot_request_state(g.drafter)
+    g = _draft_model(tiny_dir, tiny_draft_dir, auto_k=False)  # drafts every step, whatever the clock says
+    before = g.drafter.snapshot()
     g.generate("w1 w2 w3", max_new_tokens=30, chat=False, ignore_eos=True)
-    after = snapshot_request_state(g.drafter)
+    after = g.drafter.snapshot()
     assert after["budget"].accepted != before["budget"].accepted  # the budget learned, and kept it
-    restore_request_state(g.drafter, before)
+    g.drafter.restore(before)
+    assert g.drafter.budget.accepted == before["budget"].accepted
+    g.drafter.budget.accepted += 1  # the snapshot is a copy: restoring it twice gives the same state
+    g.drafter.restore(before)
     assert g.drafter.budget.accepted == before["budget"].accepted
 
 
@@ -42,3 +45,12 @@ def test_a_new_drafter_brings_its_own_state_and_profile(tiny_dir, tiny_draft_dir
     ar = selfspec.load(load_model(str(tiny_dir), kernels="stock"), "ar", self_test=False)
     c.drafter = ar.drafter
     assert c.online is None
+
+
+def test_reset_forgets_what_was_learned_since_adoption(tiny_dir, tiny_draft_dir):
+    g = _draft_model(tiny_dir, tiny_draft_dir, auto_k=False)
+    start = g.drafter.budget.accepted
+    g.generate("w1 w2 w3", max_new_tokens=30, chat=False, ignore_eos=True)
+    assert g.drafter.budget.accepted != start
+    g.controller.reset()
+    assert g.drafter.budget.accepted == start

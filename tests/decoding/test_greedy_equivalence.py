@@ -30,8 +30,6 @@ class InvariantChecker:
     """Wraps a drafter and asserts, at every proposal, the loop invariant: the target cache
     holds exactly the committed tokens except the pending one."""
 
-    request_state = ()  # it learns nothing itself (the inner drafter's state stays the inner's)
-
     def __init__(self, inner):
         self.inner = inner
         self.name, self.lossless, self.needs_hidden = inner.name, inner.lossless, inner.needs_hidden
@@ -39,6 +37,12 @@ class InvariantChecker:
 
     def cost_profile(self):
         return self.inner.cost_profile()
+
+    def snapshot(self):
+        return self.inner.snapshot()  # it learns nothing itself: the inner drafter's state
+
+    def restore(self, snapshot):
+        self.inner.restore(snapshot)
 
     def prefill(self, state, out):
         self.inner.prefill(state, out)

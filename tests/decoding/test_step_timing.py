@@ -35,10 +35,15 @@ class Recording:
     def __init__(self, inner) -> None:
         self.inner, self.seen = inner, []
         self.name, self.lossless, self.needs_hidden = inner.name, inner.lossless, inner.needs_hidden
-        self.request_state = ()  # it learns nothing itself
 
     def cost_profile(self):
         return None
+
+    def snapshot(self):
+        return self.inner.snapshot()  # it learns nothing itself: the inner drafter's state
+
+    def restore(self, snapshot):
+        self.inner.restore(snapshot)
 
     def prefill(self, state, out):
         self.inner.prefill(state, out)

@@ -46,10 +46,16 @@ def test_drafting_leaves_the_committed_cache_untouched(tiny_dir):
     snapshots = []
 
     class Spy:
-        name, lossless, needs_hidden, request_state = "spy", True, False, ()
+        name, lossless, needs_hidden = "spy", True, False
 
         def cost_profile(self):
             return g_inner.cost_profile()
+
+        def snapshot(self):
+            return g_inner.snapshot()
+
+        def restore(self, snapshot):
+            g_inner.restore(snapshot)
 
         def prefill(self, state, out):
             g_inner.prefill(state, out)

@@ -9,9 +9,9 @@ It owns:
 * **the cost profile's online correction** (:class:`~selfspec.core.online_cost.OnlineCost` over
   the drafter's profile): the loop times every verify forward into it, and
   :meth:`save_cost_correction` writes it back at an explicit point (no exit hook, nothing global);
-* **per-request state**: what the drafter learns across requests (``drafter.request_state``) is
-  snapshotted at load and restored before every rejection-sampled request, whose text depends on
-  the draft lengths, so a seed reproduces a sample whatever ran before.
+* **per-request state**: what the drafter learns across requests (``drafter.snapshot()``) is
+  snapshotted at load and restored (``drafter.restore``) before every rejection-sampled request,
+  whose text depends on the draft lengths, so a seed reproduces a sample whatever ran before.
 
 How much to draft is still decided inside each drafter, from the shared toolkit
 (``drafters/budget.py``, ``backoff.py``, ``estimators.py``) fed with the controller's timings.
@@ -19,23 +19,10 @@ How much to draft is still decided inside each drafter, from the shared toolkit
 
 from __future__ import annotations
 
-import copy
-
 from ..core.online_cost import OnlineCost
 from ..core.timing import now
 from .protocol import Drafter
 from .state import Clock, DecodeState, StepTime
-
-
-def snapshot_request_state(drafter: Drafter) -> dict:
-    """A copy of what ``drafter`` learns across requests (its ``request_state`` attributes)."""
-    return {k: copy.deepcopy(getattr(drafter, k)) for k in drafter.request_state}
-
-
-def restore_request_state(drafter: Drafter, snapshot: dict) -> None:
-    """Put ``snapshot`` (:func:`snapshot_request_state`) back into ``drafter``."""
-    for k, v in snapshot.items():
-        setattr(drafter, k, copy.deepcopy(v))
 
 
 class DraftController:
@@ -60,7 +47,7 @@ class DraftController:
     def drafter(self, drafter: Drafter) -> None:
         """A new drafter: its load-time request state and profile become the controller's."""
         self._drafter = drafter
-        self._fresh = snapshot_request_state(drafter)
+        self._fresh = drafter.snapshot()
         profile = drafter.cost_profile()
         self.online = OnlineCost(profile) if profile is not None else None
 
@@ -70,7 +57,11 @@ class DraftController:
         state.clock = self.clock
         state.step_time = StepTime()
         if state.rejection:
-            restore_request_state(self._drafter, self._fresh)
+            self.reset()
+
+    def reset(self) -> None:
+        """The drafter forgets what it learned since it was adopted (its load-time snapshot)."""
+        self._drafter.restore(self._fresh)
 
     def verified(self, block: int, seconds: float) -> None:
         """One verify forward of ``block`` tokens took ``seconds``."""

@@ -9,6 +9,7 @@ depends on this module only, never on :mod:`selfspec.drafters`.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -56,6 +57,23 @@ class Proposal:
     accept_rule: Callable | None = None
 
 
+class LearnedState:
+    """The :meth:`Drafter.snapshot` / :meth:`Drafter.restore` of a drafter whose cross-request
+    state is a few attributes, named in ``request_state`` (each set in ``__init__``; a test checks)."""
+
+    request_state: tuple[str, ...] = ()
+
+    def snapshot(self) -> dict:
+        """Deep copies of the ``request_state`` attributes, by name."""
+        return {k: copy.deepcopy(getattr(self, k)) for k in self.request_state}
+
+    def restore(self, snapshot: dict) -> None:
+        """Set each attribute of ``snapshot`` (a :meth:`snapshot`) back, as a copy (the snapshot
+        stays reusable)."""
+        for k, v in snapshot.items():
+            setattr(self, k, copy.deepcopy(v))
+
+
 class Drafter(Protocol):
     """Interface every method implements (see ``docs/DESIGN.md``).
 
@@ -63,15 +81,19 @@ class Drafter(Protocol):
         name: the method name (``selfspec --method NAME``).
         lossless: True when greedy ids and the sampling distribution are provably unchanged.
         needs_hidden: the verify forward must return the target's hidden states.
-        request_state: the attributes that adapt across requests (budget and acceptance
-            estimators, calibration, back-off): what :func:`~selfspec.decoding.controller.snapshot_request_state`
-            copies and ``restore_request_state`` puts back; everything else is reset in ``prefill``.
     """
 
     name: str
     lossless: bool
     needs_hidden: bool
-    request_state: tuple[str, ...]
+
+    def snapshot(self) -> dict:
+        """A copy of what the drafter learns across requests (budget and acceptance estimators,
+        calibration, back-off); everything else is reset in ``prefill``."""
+
+    def restore(self, snapshot: dict) -> None:
+        """Put a :meth:`snapshot` back (the controller does before every rejection-sampled
+        request, whose text depends on the draft lengths)."""
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from, or None. The loop times every verify

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import Proposal
+from ..decoding.protocol import LearnedState, Proposal
 from .spec import ALWAYS, BuildContext, MethodSpec
 
 if TYPE_CHECKING:
@@ -26,13 +26,13 @@ class NoOptions:
     """``ar`` takes no options."""
 
 
-class NullDrafter:
+class NullDrafter(LearnedState):
     """Proposes nothing: each step verifies only the pending token, i.e. plain decoding."""
 
     name = "ar"
     lossless = True
     needs_hidden = False
-    request_state = ()  # what adapts across requests (snapshot / restore)
+    request_state = ()  # what adapts across requests (LearnedState.snapshot / restore)
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""

@@ -17,7 +17,7 @@ from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.sampling import sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import Proposal
+from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import ChainBudget
@@ -69,11 +69,11 @@ def _to_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.nn.functional.pad(logits, (0, vocab - logits.numel()), value=float("-inf"))
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(LearnedState):
     name = "draft-model"
     lossless = True
     needs_hidden = False
-    request_state = ("budget", "length", "_drafted")  # adapts across requests
+    request_state = ("budget", "length", "_drafted")  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, draft: torch.nn.Module, target_vocab: int, budget: ChainBudget,
                  min_confidence: float = 0.0) -> None:

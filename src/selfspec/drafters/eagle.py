@@ -40,7 +40,7 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import Proposal
+from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import target_features
@@ -155,12 +155,12 @@ def best_size(path_probs: torch.Tensor, draft_s: float, profile: CostProfile | N
     return best_n if rate > PLAIN_RATE / (draft_s + profile.t1) else 0
 
 
-class EagleDrafter:
+class EagleDrafter(LearnedState):
     """EAGLE-2 dynamic-tree drafting with a one-layer head (see module docstring)."""
 
     lossless = True
     needs_hidden = True
-    request_state = ("length", "backoff", "calibration", "_drafted")  # what adapts across requests (snapshot / restore)
+    request_state = ("length", "backoff", "calibration", "_drafted")  # adapts across requests (LearnedState)
 
     def __init__(self, name: str, target: torch.nn.Module, head: EagleHead, cfg: EagleConfig,
                  profile: CostProfile | None, source: str = "", lm_head: DraftLMHead | None = None) -> None:

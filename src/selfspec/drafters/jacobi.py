@@ -22,7 +22,7 @@ from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import Proposal
+from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import ChainBudget
 from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
@@ -43,13 +43,13 @@ class JacobiConfig:
         need(self, "jacobi", "m", self.m >= 1, ">= 1")
 
 
-class JacobiDrafter:
+class JacobiDrafter(LearnedState):
     """Guesses ``d_1..d_m`` refined by the model's own predictions each step."""
 
     name = "jacobi"
     lossless = True
     needs_hidden = False
-    request_state = ("budget",)  # what adapts across requests (snapshot / restore)
+    request_state = ("budget",)  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, cfg: JacobiConfig, budget: ChainBudget) -> None:
         self.cfg = cfg

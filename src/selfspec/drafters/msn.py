@@ -35,7 +35,7 @@ from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import Proposal
+from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .backoff import ProbeSchedule
 from .budget import best_rate, expected_tokens
@@ -178,13 +178,13 @@ def build_tree(pending: int, nodes: list[int], template, cand: list[list[int]]) 
     return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)), index
 
 
-class MsnDrafter:
+class MsnDrafter(LearnedState):
     """TR-Jacobi: template tree of last step's top-k predictions + retrieval chain."""
 
     name = "msn"
     lossless = True
     needs_hidden = False
-    request_state = ("rates",)  # what adapts across requests (snapshot / restore)
+    request_state = ("rates",)  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, cfg: MsnConfig, profile: CostProfile | None) -> None:
         self.cfg = cfg

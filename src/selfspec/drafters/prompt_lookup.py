@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import Proposal
+from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import ChainBudget
 from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
@@ -52,11 +52,11 @@ def lookup(ids: list[int], max_ngram: int, min_ngram: int, k: int) -> list[int]:
     return []
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(LearnedState):
     name = "pld"
     lossless = True
     needs_hidden = False
-    request_state = ("budget",)  # what adapts across requests (snapshot / restore)
+    request_state = ("budget",)  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, cfg: PromptLookupConfig, budget: ChainBudget) -> None:
         self.cfg = cfg

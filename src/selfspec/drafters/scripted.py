@@ -20,15 +20,15 @@ import torch
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import Proposal
+from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(LearnedState):
     name = "scripted"
     lossless = True
     needs_hidden = False
-    request_state = ()  # what adapts across requests (snapshot / restore)
+    request_state = ()  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, script: list[int], k: int, correct: int, vocab_size: int, tree: bool = False,
                  accept_prob: float | None = None, seed: int = 0) -> None:

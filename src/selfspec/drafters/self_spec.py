@@ -35,7 +35,7 @@ from ..core.cost import CostProfile
 from ..core.sampling import sample
 from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
-from ..decoding.protocol import Proposal
+from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..kernels.switch import DRAFT_KERNELS, LinearSwitch
@@ -115,11 +115,11 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
     return out.logits[0].float()
 
 
-class SelfSpecDrafter:
+class SelfSpecDrafter(LearnedState):
     name = "self-spec"
     lossless = True
     needs_hidden = False
-    request_state = ("budget", "gamma", "_drafted")  # what adapts across requests (snapshot / restore)
+    request_state = ("budget", "gamma", "_drafted")  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
