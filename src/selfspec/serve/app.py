@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException
 
 from .engine import Engine, Job
 from .metrics import CONTENT_TYPE
-from .protocol import ApiError, chunk, parse_json, parse_request, response, sse
+from .protocol import chunk, response, sse
+from .requests import ApiError, parse_json, parse_request
 
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
 STATUS_KEY = "selfspec_status"  # request.state: the status the metrics count (499: the client went away)

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from ..decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, text_before_stop
 from ..errors import SelfspecError
 from .metrics import Metrics
-from .protocol import ApiError, Outcome, Request
+from .protocol import Outcome
+from .requests import ApiError, Request
 
 log = logging.getLogger("selfspec.serve")
 
