@@ -28,6 +28,7 @@ class Toy:
 
     name = "toy"
     plot_keys = ("loss",)
+    eval_draws = 1
 
     def options(self) -> dict:
         return {"toy": 1}
@@ -181,3 +182,26 @@ def test_a_new_run_refuses_to_start_over_an_earlier_one(tmp_path, monkeypatch):
 def test_options_diff_names_the_changed_options():
     assert loop.options_diff({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5, "d": 3}, "e": 0}) == \
         ["b.c: 2 -> 5", "e: None -> 0"]
+
+
+def test_evaluate_makes_eval_draws_passes_with_fresh_draws():
+    """Each pass draws its batches afresh from the one fixed RNG: the metric averages the draws,
+    and a second call repeats them exactly."""
+
+    class Draws(Toy):
+        eval_draws = 3
+
+        def make_eval_batch(self, batch, rng):
+            return [rng.random() for _ in batch]
+
+        def loss(self, model, batch):
+            return torch.tensor(0.0), {"u": sum(batch) / len(batch), "n_u": len(batch)}
+
+    got = loop.evaluate(torch.nn.Linear(3, 1), Draws(), items(10), 4, seed=5)
+    rng = random.Random(5)
+    want = [rng.random() for _ in range(30)]
+    assert got["u"] == pytest.approx(sum(want) / 30)
+    assert loop.evaluate(torch.nn.Linear(3, 1), Draws(), items(10), 4, seed=5) == got
+    one = Draws()
+    one.eval_draws = 1
+    assert loop.evaluate(torch.nn.Linear(3, 1), one, items(10), 4, seed=5)["u"] == pytest.approx(sum(want[:10]) / 10)

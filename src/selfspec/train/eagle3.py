@@ -253,6 +253,7 @@ class Eagle3Objective:
     ``noise`` > 0, and :func:`compute_losses3`."""
 
     plot_keys = ("loss", "cls1")
+    eval_draws = 1  # validation passes (see loop.Objective)
 
     def __init__(self, target: nn.Module, opts: Eagle3Options, vocab: DraftVocab | None) -> None:
         self.target, self.opts, self.vocab = target, opts, vocab

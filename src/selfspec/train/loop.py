@@ -44,10 +44,14 @@ class Objective(Protocol):
     Attributes:
         name: the method (progress bar, plot title).
         plot_keys: training metrics drawn in the loss plot (those every step reports).
+        eval_draws: passes over the held-out items per validation, each batch drawn afresh from
+            the evaluation's fixed RNG (noise spans, masks): 1 unless a metric rests on a few
+            random positions per example (MSN's accuracy by noise depth).
     """
 
     name: str
     plot_keys: tuple[str, ...]
+    eval_draws: int
 
     def make_batch(self, items: list, rng: random.Random) -> Any:
         """The tensors of one training step from ``items`` (``rng``: the step's randomness)."""
@@ -117,15 +121,17 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, objective: Objective, items: list, batch_size: int, seed: int) -> dict[str, float]:
-    """Metrics of ``objective.loss`` over ``items`` (``make_eval_batch`` with a fixed RNG: the same
-    batches every call), plus ``tokens``, their total weight."""
+    """Metrics of ``objective.loss`` over ``items``, ``objective.eval_draws`` times
+    (``make_eval_batch`` with a fixed RNG: the same batches every call), plus ``tokens``, their
+    total weight."""
     was = model.training
     model.eval()
     rng = random.Random(seed)
     parts = []
-    for i in range(0, len(items), batch_size):
-        _, m = objective.loss(model, objective.make_eval_batch(items[i : i + batch_size], rng))
-        parts.append(m)
+    for _ in range(objective.eval_draws):
+        for i in range(0, len(items), batch_size):
+            _, m = objective.loss(model, objective.make_eval_batch(items[i : i + batch_size], rng))
+            parts.append(m)
     model.train(was)
     return merge_metrics(parts) | {"tokens": int(sum(m.get("tokens", 0) for m in parts))}
 

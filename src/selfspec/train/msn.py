@@ -68,10 +68,12 @@ class MsnObjective:
     """The :class:`~selfspec.train.finetune.FinetuneObjective` of MSN (``span > 0``) or plain SFT.
 
     Validation batches are always noised with a span of ``eval_span`` (default: ``span``, or 4
-    for plain SFT), drawn from the evaluation's fixed RNG: MSN and its control are validated on
-    the very same noised batches, so their ``noisy`` / ``acc_noisy`` metrics compare directly."""
+    for plain SFT), drawn from the evaluation's fixed RNG (``eval_draws`` spans per held-out
+    example, one per pass): MSN and its control are validated on the very same noised batches,
+    so their ``noisy`` / ``acc_noisy`` / ``acc{j}`` metrics compare directly."""
 
     plot_keys = ("loss", "plain", "noisy")
+    eval_draws = 8  # one noise span per example: 8 draws give the accuracies by noise depth 8x the positions
 
     def __init__(self, opts: MsnOptions, eval_span: int | None = None) -> None:
         opts.check()

@@ -131,6 +131,7 @@ class SdsatObjective:
 
     name = "sdsat"
     plot_keys = ("loss", "plain", "adapt")
+    eval_draws = 1  # validation passes (see loop.Objective)
 
     def __init__(self, opts: SdsatOptions) -> None:
         opts.check()

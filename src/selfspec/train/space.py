@@ -120,6 +120,7 @@ class SpaceObjective:
 
     name = "space"
     plot_keys = ("loss", "plain", "mask")
+    eval_draws = 1  # validation passes (see loop.Objective)
 
     def __init__(self, opts: SpaceOptions) -> None:
         opts.check()

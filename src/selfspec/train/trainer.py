@@ -154,6 +154,7 @@ class HeadObjective:
     (drawn from the step's RNG; validation batches stay clean), and :func:`compute_losses`."""
 
     plot_keys = ("loss", "reg1", "cls1")
+    eval_draws = 1  # validation passes (see loop.Objective)
 
     def __init__(self, target: torch.nn.Module, opts: TrainOptions, vocab: DraftVocab | None = None) -> None:
         self.target, self.opts, self.name = target, opts, opts.objective
