@@ -18,7 +18,7 @@ DEMO_PROMPT = (
     "    return result\n"
 )
 
-DEMO_RUNS = 2  # each contender runs this often, interleaved; the fastest run counts (as timeit does)
+DEMO_RUNS = 2  # each contender runs this often, interleaved; the fastest run counts (bench/side_by_side.py)
 
 
 def add_parser(sub) -> None:
@@ -33,8 +33,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     """The main job: ``ar``, a speculative method (default ``auto``) and ``transformers`` ``generate``
     side by side on the same prompt, the same model, the same number of tokens."""
-    from ..bench.peers import run_peer
-    from ..decoding.text import encode_prompt
+    from ..bench.side_by_side import side_by_side
 
     setup(args)
     prompt = args.prompt or DEMO_PROMPT
@@ -45,53 +44,28 @@ def run(args: argparse.Namespace) -> int:
         kw["seed"] = secrets.randbits(31)
     spec = load_generator(args, args.method)  # auto: chooses method and kernels; ar then runs on the same kernels
     ar = load_generator(args, model=spec.target)  # the baseline
-    target = ar.target
-    ids = encode_prompt(target.tokenizer, prompt, kw["chat"], target.model.config.vocab_size)
-
-    def hf_generate(max_new_tokens: int):
-        target.use_kernels("stock", keep=True)  # transformers as users run it: fp32, stock kernels
-        try:
-            return run_peer("hf", target.model, ids, max_new_tokens, kw["temperature"], kw["top_p"], kw["top_k"],
-                            kw["seed"])
-        finally:
-            target.use_kernels(ar.kernels, keep=True)
-
-    warm = dict(kw, max_new_tokens=8)
-    ar.generate(prompt, **warm)
-    spec.generate(prompt, **warm)
-    hf_generate(8)
-    from ..core.machine import LoadMonitor
-
-    with LoadMonitor() as load:  # was the machine busy before or during the timed runs?
-        runs: list[tuple] = [(ar.generate(prompt, **kw), spec.generate(prompt, **kw),
-                              hf_generate(kw["max_new_tokens"]))
-                             for _ in range(DEMO_RUNS)]  # interleaved; the fastest run of each counts
-    a, s, hf = (min((run[i] for run in runs), key=lambda r: r.wall_s) for i in range(3))
-    hf_wall = hf.wall_s
+    m = side_by_side(ar, spec, prompt, kw, DEMO_RUNS)
+    a, s = m.ar, m.spec
     for r in (a, s):
         print(f"===== {r.method}{'' if r.lossless else ' (NOT lossless)'} =====")
         print(r.text)
         print(stats_line(r))
         print()
-    same = a.token_ids == s.token_ids
-    same_hf = a.token_ids == hf.token_ids  # both keep the EOS token
-    hf_tps = len(hf.token_ids) / hf_wall if hf_wall > 0 else 0.0
     print("===== transformers generate (fp32, stock kernels) =====")
-    print(f"(same token ids as {a.method})" if same_hf
-          else target.tokenizer.decode(hf.token_ids, skip_special_tokens=True))
+    print(f"(same token ids as {a.method})" if m.same_ids_hf
+          else ar.target.tokenizer.decode(m.hf.token_ids, skip_special_tokens=True))
     print()
     print(f"model {a.model} | {a.method} and {s.method} on {kernels_label(a.kernels)} kernels | prompt "
-          f"{a.prompt_tokens} tokens | {a.new_tokens} new tokens | fastest of {DEMO_RUNS} runs each")
+          f"{a.prompt_tokens} tokens | {a.new_tokens} new tokens | fastest of {m.runs} runs each")
     print(f"{a.method} {a.tokens_per_s:.1f} tok/s | {s.method} {s.tokens_per_s:.1f} tok/s | transformers generate "
-          f"{hf_tps:.1f} tok/s")
-    vs_hf = hf_wall * a.new_tokens / max(len(hf.token_ids), 1) / s.wall_s
-    print(f"{s.method}: speedup {a.wall_s / s.wall_s:.2f}x over {a.method}, {vs_hf:.2f}x over transformers "
-          f"generate | token ids identical to {a.method}: {'yes' if same else 'NO'}, to transformers generate: "
-          f"{'yes' if same_hf else 'no (kernel rounding near a tie; see docs/performance.md)'}")
-    if load.note():
-        print(load.note(), file=sys.stderr)
+          f"{m.hf_tokens_per_s:.1f} tok/s")
+    print(f"{s.method}: speedup {m.speedup:.2f}x over {a.method}, {m.speedup_vs_hf:.2f}x over transformers "
+          f"generate | token ids identical to {a.method}: {'yes' if m.same_ids else 'NO'}, to transformers generate: "
+          f"{'yes' if m.same_ids_hf else 'no (kernel rounding near a tie; see docs/performance.md)'}")
+    if m.load_note:
+        print(m.load_note, file=sys.stderr)
     spec.save_cost_correction()
-    if kw["temperature"] == 0 and not same and s.lossless:
+    if kw["temperature"] == 0 and not m.same_ids and s.lossless:
         print("selfspec: error: greedy outputs differ; please report this", file=sys.stderr)
         return 1
     return 0
