@@ -30,12 +30,12 @@ def test_greedy_requests_keep_what_the_drafter_learned(tiny_dir, tiny_draft_dir)
     before = g.drafter.snapshot()
     g.generate("w1 w2 w3", max_new_tokens=30, chat=False, ignore_eos=True)
     after = g.drafter.snapshot()
-    assert after["budget"].accepted != before["budget"].accepted  # the budget learned, and kept it
+    assert after["sizer"].accepted != before["sizer"].accepted  # the budget learned, and kept it
     g.drafter.restore(before)
-    assert g.drafter.budget.accepted == before["budget"].accepted
-    g.drafter.budget.accepted += 1  # the snapshot is a copy: restoring it twice gives the same state
+    assert g.drafter.sizer.accepted == before["sizer"].accepted
+    g.drafter.sizer.accepted += 1  # the snapshot is a copy: restoring it twice gives the same state
     g.drafter.restore(before)
-    assert g.drafter.budget.accepted == before["budget"].accepted
+    assert g.drafter.sizer.accepted == before["sizer"].accepted
 
 
 def test_a_new_drafter_brings_its_own_state_and_profile(tiny_dir, tiny_draft_dir):
@@ -49,8 +49,8 @@ def test_a_new_drafter_brings_its_own_state_and_profile(tiny_dir, tiny_draft_dir
 
 def test_reset_forgets_what_was_learned_since_adoption(tiny_dir, tiny_draft_dir):
     g = _draft_model(tiny_dir, tiny_draft_dir, auto_k=False)
-    start = g.drafter.budget.accepted
+    start = g.drafter.sizer.accepted
     g.generate("w1 w2 w3", max_new_tokens=30, chat=False, ignore_eos=True)
-    assert g.drafter.budget.accepted != start
+    assert g.drafter.sizer.accepted != start
     g.controller.reset()
-    assert g.drafter.budget.accepted == start
+    assert g.drafter.sizer.accepted == start

@@ -38,6 +38,10 @@ class InvariantChecker:
     def cost_profile(self):
         return self.inner.cost_profile()
 
+    @property
+    def sizer(self):
+        return self.inner.sizer
+
     def snapshot(self):
         return self.inner.snapshot()  # it learns nothing itself: the inner drafter's state
 
@@ -167,7 +171,7 @@ def drafted(results) -> int:
 def test_auto_k_budget_stays_lossless(target, references, method, tiny_draft_dir, flat_cost):
     opts = {"draft_model": str(tiny_draft_dir)} if method == "draft-model" else {}
     g = selfspec.load(target, method, self_test=False, **opts)
-    assert g.drafter.budget.profile is not None
+    assert g.drafter.sizer.profile is not None
     results = [g.generate(p, max_new_tokens=MAX_NEW) for p in PROMPTS]
     assert [r.token_ids for r in results] == references
     assert drafted(results) > 0, "the cost-sized budget drafted nothing: this case tested ar only"
@@ -196,7 +200,7 @@ def test_self_spec_matches_generate(target, references, skip, exit_rule):
 
 def test_self_spec_with_cost_budget_matches_generate(target, references, flat_cost):
     g = selfspec.load(target, "self-spec", skip_attention=(1,), skip_mlp=(2,), self_test=False)
-    assert g.drafter.budget.profile is not None
+    assert g.drafter.sizer.profile is not None
     results = [g.generate(p, max_new_tokens=MAX_NEW) for p in PROMPTS]
     assert [r.token_ids for r in results] == references
     assert drafted(results) > 0, "the cost-sized budget drafted nothing: this case tested ar only"

@@ -39,6 +39,10 @@ class Recording:
     def cost_profile(self):
         return None
 
+    @property
+    def sizer(self):
+        return self.inner.sizer
+
     def snapshot(self):
         return self.inner.snapshot()  # it learns nothing itself: the inner drafter's state
 

@@ -147,7 +147,7 @@ def test_stable_cache_equals_a_from_scratch_head_forward(generator):
 
 
 def test_backoff_stops_drafting_when_it_does_not_pay_and_probes():
-    from selfspec.drafters.eagle import Backoff
+    from selfspec.drafters.backoff import Backoff
 
     b = Backoff(t1=1.0)
     for _ in range(4):  # 1.5 tokens per 2 s: slower than ar (1 token/s)

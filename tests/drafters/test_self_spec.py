@@ -51,6 +51,10 @@ def test_drafting_leaves_the_committed_cache_untouched(tiny_dir):
         def cost_profile(self):
             return g_inner.cost_profile()
 
+        @property
+        def sizer(self):
+            return g_inner.sizer
+
         def snapshot(self):
             return g_inner.snapshot()
 

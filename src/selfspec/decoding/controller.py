@@ -13,20 +13,25 @@ It owns:
   snapshotted at load and restored (``drafter.restore``) before every rejection-sampled request,
   whose text depends on the draft lengths, so a seed reproduces a sample whatever ran before.
 
-How much to draft is still decided inside each drafter, from the shared toolkit
-(``drafters/budget.py``, ``backoff.py``, ``estimators.py``) fed with the controller's timings.
+* **the sizer's learning**: how much a drafter drafts is its sizer's decision (a
+  :class:`~selfspec.decoding.protocol.Sizer` from ``drafters/budget.py``, ``backoff.py``,
+  ``msn.py``, ``eagle.py``), which the drafter consults while it proposes; after every step the
+  controller hands the sizer the proposal, the verdict and the step's measured seconds
+  (:meth:`DraftController.observe`). No drafter updates its own sizer or times itself.
 """
 
 from __future__ import annotations
 
+from ..core.acceptance import Verdict
 from ..core.online_cost import OnlineCost
 from ..core.timing import now
-from .protocol import Drafter
+from .protocol import Drafter, Proposal
 from .state import Clock, DecodeState, StepTime
 
 
 class DraftController:
-    """The clock, the cost correction and the per-request state of one generator's drafter.
+    """The clock, the cost correction, the sizer's learning and the per-request state of one
+    generator's drafter.
 
     Attributes:
         drafter: the method's drafter (the loop calls its ``prefill / propose / observe``).
@@ -72,6 +77,12 @@ class DraftController:
         """The step's propose took ``draft_s`` and the whole step ``step_s``: what ``observe``
         sees (nothing under rejection sampling: no draft may be sized from the clock)."""
         state.step_time = StepTime() if state.rejection else StepTime(draft_s, step_s)
+
+    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict) -> None:
+        """After a verified step: the drafter's sizer learns from it (with ``state.step_time``)."""
+        sizer = self._drafter.sizer
+        if sizer is not None:
+            sizer.observe(proposal, verdict, state.step_time)
 
     def save_cost_correction(self):
         """Write the corrected cost profile back to the cache (see

@@ -5,6 +5,7 @@ Every method, ``ar`` included, runs through :func:`run`; they differ only in the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import torch
@@ -93,8 +94,8 @@ def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict
 def run(state: DecodeState, model: torch.nn.Module, controller: DraftController) -> Iterator[list[int]]:
     """Decode until a stop condition; yields the token ids committed at each step. Every step is
     timed on the controller's clock; the controller gets every verify forward's time (its cost
-    correction) and hands the drafter's ``observe`` the step's measured seconds
-    (``state.step_time``)."""
+    correction), and after each step the measured seconds (``state.step_time``) for the
+    drafter's sizer, before the drafter's own ``observe``."""
     device = next(model.parameters()).device
     controller.start(state)
     drafter = controller.drafter
@@ -105,7 +106,7 @@ def run(state: DecodeState, model: torch.nn.Module, controller: DraftController)
         proposal = drafter.propose(state)
         tree = proposal.tree.truncate_depth(state.draft_room)
         if tree is not proposal.tree:
-            proposal = Proposal(tree, proposal.piggyback, proposal.accept_rule)
+            proposal = dataclasses.replace(proposal, tree=tree)
         if proposal.accept_rule is not None and drafter.lossless:
             raise RuntimeError(f"drafter {drafter.name} is registered lossless but replaced the acceptance rule")
         if tree.token_list[0] != state.pending:
@@ -121,6 +122,7 @@ def run(state: DecodeState, model: torch.nn.Module, controller: DraftController)
         new = tree.path_tokens(verdict.accepted_nodes[1:]) + [verdict.bonus_token]
         kept = state.commit(new)
         controller.measured(state, t1 - t0, t2 - t0)
+        controller.observe(state, proposal, verdict)  # the sizer learns
         drafter.observe(state, proposal, verdict, out)
         t3 = now(None)
         state.stats.draft_s += (t1 - t0) + (t3 - t2)

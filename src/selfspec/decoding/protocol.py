@@ -3,7 +3,8 @@
 A drafter sees the decode state, proposes a :class:`~selfspec.core.tree.DraftTree` rooted at the
 pending token, optionally with *piggyback* query tokens that ride along in the same verify
 forward (their logits come back to the drafter; their KV is never committed), and observes the
-verdict to roll back its own state and adapt its budget. The loop (:mod:`selfspec.decoding.loop`)
+verdict to roll back its own state. How much it drafts is its :class:`Sizer`'s decision, which
+the controller teaches after every step. The loop (:mod:`selfspec.decoding.loop`)
 depends on this module only, never on :mod:`selfspec.drafters`.
 """
 
@@ -21,7 +22,7 @@ from ..core.tree import DraftTree
 
 if TYPE_CHECKING:
     from ..core.cost import CostProfile
-    from .state import DecodeState, VerifyOutput
+    from .state import DecodeState, StepTime, VerifyOutput
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,15 @@ class Proposal:
         accept_rule: a sampling acceptance rule replacing the lossless one, ``(tree, target_logits
             [N, V], warper, generator) -> Verdict``. Only methods registered as not lossless may
             set it (the loop refuses it otherwise); greedy decoding never uses it.
+        sizing: the drafter's sizer's record of how this draft was made (for example tokens
+            drafted and their confidences), handed back to :meth:`Sizer.observe` by the controller;
+            None when the sizer needs nothing beyond the tree and the verdict.
     """
 
     tree: DraftTree
     piggyback: Piggyback | None = None
     accept_rule: Callable | None = None
+    sizing: object = None
 
 
 class LearnedState:
@@ -74,6 +79,24 @@ class LearnedState:
             setattr(self, k, copy.deepcopy(v))
 
 
+class Sizer(Protocol):
+    """How much a drafter drafts: the policy (acceptance estimators, confidence calibration,
+    back-off and probes over a cost profile) that the drafter consults while it proposes, and
+    that learns from every verified step. The controller feeds it (:meth:`observe`, after each
+    step, with the seconds the loop measured) and snapshots it with the drafter's state; no
+    drafter updates its sizer itself.
+
+    Attributes:
+        profile: the verify-cost profile it sizes drafts from, or None (fixed sizes).
+    """
+
+    profile: CostProfile | None
+
+    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+        """Learn from one verified step: the proposal (its ``sizing`` record), what was accepted,
+        and the step's measured seconds (None under rejection sampling: learn no timing)."""
+
+
 class Drafter(Protocol):
     """Interface every method implements (see ``docs/DESIGN.md``).
 
@@ -81,11 +104,14 @@ class Drafter(Protocol):
         name: the method name (``selfspec --method NAME``).
         lossless: True when greedy ids and the sampling distribution are provably unchanged.
         needs_hidden: the verify forward must return the target's hidden states.
+        sizer: what sizes its drafts (None: it drafts a fixed amount, or nothing), fed by the
+            controller; part of the drafter's :meth:`snapshot`.
     """
 
     name: str
     lossless: bool
     needs_hidden: bool
+    sizer: Sizer | None
 
     def snapshot(self) -> dict:
         """A copy of what the drafter learns across requests (budget and acceptance estimators,

@@ -37,7 +37,7 @@ class VerifyOutput:
 @dataclass(frozen=True)
 class StepTime:
     """The current step's seconds as the loop measured them on the state's clock, handed to the
-    drafter's ``observe`` (drafters never time themselves). Both None under rejection sampling,
+    drafter's sizer by the controller (drafters never time themselves). Both None under rejection sampling,
     where no draft may be sized from the wall clock, and on a step not yet measured.
 
     Attributes:

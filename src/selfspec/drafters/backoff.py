@@ -1,11 +1,21 @@
 """Back-off while drafting does not pay, and the probes that let it recover:
 :class:`ProbeSchedule` (valued in units of T(1) from the cost model) and :class:`Backoff` (the same
-schedule driven by measured tokens per second: EAGLE trees). Fed measured seconds only outside
-rejection sampling (see :mod:`selfspec.drafters.budget`)."""
+schedule driven by measured tokens per second), which with a confidence calibration makes
+:class:`TreeSizer`, the sizer of EAGLE trees. Fed measured seconds only outside rejection
+sampling (see :mod:`selfspec.drafters.budget`)."""
 
 from __future__ import annotations
 
-from .estimators import COST_EMA, FIRST_PROBE, MAX_PROBE, PLAIN_RATE
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..core.cost import CostProfile
+from .estimators import COST_EMA, FIRST_PROBE, MAX_PROBE, PLAIN_RATE, ConfidenceCalibration
+
+if TYPE_CHECKING:
+    from ..core.acceptance import Verdict
+    from ..decoding.protocol import Proposal
+    from ..decoding.state import StepTime
 
 
 class ProbeSchedule:
@@ -44,6 +54,14 @@ class ProbeSchedule:
             self.pays()
             return best
         return (best if probe is None else probe) if self.due() else 0
+
+
+@dataclass(frozen=True)
+class TreeDraft:
+    """A :class:`TreeSizer`'s record of a step that ran the draft head: the path probability of
+    each drafted node of the proposed tree, in tree order (empty when none was worth verifying)."""
+
+    path_probs: tuple[float, ...]
 
 
 class Backoff:
@@ -122,3 +140,38 @@ class Backoff:
                 self.schedule.pays()
         elif self.steps >= self.min_steps and not pays:
             self.off, self.schedule.since, self.steps = True, 0, 0
+
+
+class TreeSizer:
+    """The :class:`~selfspec.decoding.protocol.Sizer` of EAGLE trees, fed by the controller:
+    whether to draft at all (:class:`Backoff`, on the measured seconds of drafted and plain
+    steps) and the acceptance of a node against its draft path probability
+    (:class:`~.estimators.ConfidenceCalibration`), which prices tree levels and sizes.
+
+    Args:
+        profile: the target's verify-cost profile (None: fixed trees, no back-off).
+        backoff: back off to plain steps while drafting does not pay.
+        calibrate: learn the calibration (else path probabilities are taken as they are).
+    """
+
+    def __init__(self, profile: CostProfile | None, backoff: bool = True, calibrate: bool = True) -> None:
+        self.profile = profile
+        self.backoff = Backoff(profile.t1 if profile is not None and backoff else None)
+        self.calibration = ConfidenceCalibration() if calibrate else None
+
+    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+        """Every drafted node's calibration (on the accepted path or not); the step's seconds
+        into the back-off: a drafted step with what it committed, a plain step while backed off
+        (what drafting must beat). Under rejection sampling (no seconds) only the calibration."""
+        rec = proposal.sizing
+        drafted = isinstance(rec, TreeDraft)
+        if drafted and self.calibration is not None:
+            accepted = set(verdict.accepted_nodes)
+            for i, p in enumerate(rec.path_probs):
+                self.calibration.observe_one(p, i + 1 in accepted)
+        if step.step_s is None:
+            return
+        if drafted:
+            self.backoff.record(verdict.num_accepted + 1, step.step_s)
+        elif self.backoff.off:
+            self.backoff.record_plain(step.step_s)

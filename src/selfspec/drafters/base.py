@@ -33,6 +33,7 @@ class NullDrafter(LearnedState):
     lossless = True
     needs_hidden = False
     request_state = ()  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer = None  # it drafts nothing
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""

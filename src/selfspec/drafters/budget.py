@@ -11,9 +11,11 @@ acceptance seen so far. Every drafter that sizes its drafts uses these pieces:
 * :class:`~.backoff.Backoff` - the same schedule driven by measured tokens per second (EAGLE trees).
 * :class:`GammaExit` (Draft & Verify's adaptive exit) and :class:`DraftRule` - self-spec's step
   rule over a :class:`ChainBudget`, shared by its drafter and the tuner's proxy objective.
-* Timing comes from :mod:`selfspec.core.timing` (it syncs on CUDA). Under rejection sampling
-  (``state.rejection``) drafters never size drafts from the wall clock: they pass ``None``
-  seconds and skip timing-driven decisions, so a draft depends on the request alone.
+* Each of :class:`ChainBudget`, :class:`DraftRule` and :class:`PositionalAcceptance` is a
+  :class:`~selfspec.decoding.protocol.Sizer`: the drafter consults it while proposing, and the
+  controller feeds it every verified step (``observe``) with the seconds the loop measured.
+  Under rejection sampling (``state.rejection``) those seconds are None and timing-driven
+  decisions are skipped, so a draft depends on the request alone.
 
 For a chain of k drafts, each accepted with probability alpha (the online estimate), the
 expected tokens per step are ``(1 - alpha^(k+1)) / (1 - alpha)`` and the cost is
@@ -28,6 +30,8 @@ j - with its own accuracy); methods price a loop by overriding ``first_tokens`` 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core.cost import CostProfile
 from .backoff import ProbeSchedule
@@ -43,6 +47,21 @@ from .estimators import (
     DecayedRates,
 )
 from .skip_config import GammaSettings
+
+if TYPE_CHECKING:
+    from ..core.acceptance import Verdict
+    from ..decoding.protocol import Proposal
+    from ..decoding.state import StepTime
+
+
+@dataclass(frozen=True)
+class ChainDraft:
+    """A :class:`ChainBudget`'s record of a draft whose making cost time (a model drafted it):
+    ``drafted`` tokens (the verified prefix may be shorter), their confidences in draft order.
+    A proposal without one (copied or guessed drafts) teaches acceptance only, not draft cost."""
+
+    drafted: int
+    confidences: tuple[float, ...]
 
 
 def prefix_products(rates: Iterable[float]) -> list[float]:
@@ -162,6 +181,15 @@ class ChainBudget:
             per_tok = draft_seconds / drafted
             self.draft_cost = per_tok if self.draft_cost == 0 else COST_EMA * self.draft_cost + (1 - COST_EMA) * per_tok
 
+    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+        """The :class:`~selfspec.decoding.protocol.Sizer` step: the verified chain's acceptance;
+        with a :class:`ChainDraft` record also the draft's measured cost and its confidences."""
+        rec = proposal.sizing
+        if isinstance(rec, ChainDraft):
+            self.update(proposal.tree.size - 1, verdict.num_accepted, step.draft_s, rec.drafted, rec.confidences)
+        else:
+            self.update(proposal.tree.size - 1, verdict.num_accepted)
+
 
 class PositionalAcceptance:
     """Acceptance of draft position j given positions < j were accepted, with exponential
@@ -217,6 +245,13 @@ class PositionalAcceptance:
         for j in range(min(proposed, accepted + 1, self.max_k)):
             self.acceptance.observe(j, j < accepted)
 
+    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+        """The :class:`~selfspec.decoding.protocol.Sizer` step: acceptance by position along the
+        verified tree's depth (a step that verified no draft teaches nothing)."""
+        depth = int(proposal.tree.depths.max())
+        if depth > 0:
+            self.update(depth, verdict.num_accepted)
+
 
 class GammaExit:
     """The paper's adaptive draft exit (Draft & Verify Eq. 2-4).
@@ -250,11 +285,12 @@ class GammaExit:
 
 
 class DraftRule:
-    """THE self-spec rule of one step, over a drafter's budget and gamma exit: how long the draft
-    may run (:meth:`max_draft`), when it stops (:meth:`stop_after`), how much of it is verified
-    (:meth:`verify_count`) and what verification teaches (:meth:`update`). The drafter decodes
-    with it and the tuner's proxy objective replays it (``tune/objectives.simulate``), so the two
-    cannot drift. Holds references, not copies: updates land in the budget and the exit."""
+    """THE self-spec rule of one step, over a budget and a gamma exit: how long the draft may run
+    (:meth:`max_draft`), when it stops (:meth:`stop_after`), how much of it is verified
+    (:meth:`verify_count`) and what verification teaches (:meth:`update`; :meth:`observe` as the
+    drafter's :class:`~selfspec.decoding.protocol.Sizer`, fed by the controller). The drafter
+    decodes with it and the tuner's proxy objective replays it (``tune/objectives.simulate``), so
+    the two cannot drift. Holds references, not copies: updates land in the budget and the exit."""
 
     def __init__(self, budget: ChainBudget, gamma: GammaExit, draft_exit: str, auto_k: bool,
                  min_confidence: float) -> None:
@@ -288,8 +324,18 @@ class DraftRule:
             return self.budget.best_prefix(confidences)
         return len(confidences)
 
+    @property
+    def profile(self) -> CostProfile | None:
+        return self.budget.profile
+
     def update(self, verified: int, accepted: int, draft_seconds: float | None, drafted: int,
-               confidences: list[float]) -> None:
+               confidences: Sequence[float]) -> None:
         """``accepted`` of ``verified`` drafts were kept; drafting ``drafted`` took ``draft_seconds``."""
         self.budget.update(verified, accepted, draft_seconds, drafted, confidences)
         self.gamma.update(accepted, verified)
+
+    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+        """The :class:`~selfspec.decoding.protocol.Sizer` step (a plain step teaches nothing)."""
+        rec = proposal.sizing
+        if isinstance(rec, ChainDraft) and rec.drafted:
+            self.update(proposal.tree.size - 1, verdict.num_accepted, step.draft_s, rec.drafted, rec.confidences)

@@ -20,7 +20,7 @@ from ..core.tree import DraftTree
 from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
-from .budget import ChainBudget
+from .budget import ChainBudget, ChainDraft
 from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
@@ -73,31 +73,29 @@ class DraftModelDrafter(LearnedState):
     name = "draft-model"
     lossless = True
     needs_hidden = False
-    request_state = ("budget", "length", "_drafted")  # what adapts across requests (LearnedState.snapshot / restore)
+    request_state = ("sizer", "length")  # what adapts across requests (LearnedState.snapshot / restore)
 
-    def __init__(self, draft: torch.nn.Module, target_vocab: int, budget: ChainBudget,
+    def __init__(self, draft: torch.nn.Module, target_vocab: int, sizer: ChainBudget,
                  min_confidence: float = 0.0) -> None:
         """
         Args:
             draft: a stock HF causal LM on the same device as the target.
             target_vocab: the target's logits width V; q rows are padded to it.
-            budget: picks the draft length each step (and the verified prefix).
+            sizer: picks the draft length each step (and the verified prefix); fed by the controller.
             min_confidence: stop drafting when the product of draft confidences falls below it.
         """
         self.draft = draft
         self.draft_model = draft  # what bench's hf-assisted peer can reuse (registry.draft_model_of)
         self.min_confidence = min_confidence
         self.target_vocab = target_vocab
-        self.budget = budget
+        self.sizer = sizer
         self.device = next(draft.parameters()).device
         self.cache = kv_cache.new_cache(draft.config)
         self.length = 0  # committed tokens whose KV the draft cache holds
-        self._drafted = 0  # tokens drafted this step (some may not be verified)
-        self._confidences: list[float] = []  # their draft confidences
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.budget.profile
+        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         """Run the draft over the prompt now, so each step only catches up on a few tokens and
@@ -116,7 +114,7 @@ class DraftModelDrafter(LearnedState):
         return out.logits[0, -1].float()
 
     def propose(self, state: DecodeState) -> Proposal:
-        k = self.budget.choose(state.draft_room)
+        k = self.sizer.choose(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
         logits = self._forward(state.ids[self.length :])
@@ -140,29 +138,23 @@ class DraftModelDrafter(LearnedState):
                 qs.append(q)
             tokens.append(x)
             confidences.append(conf)
-            p_all *= self.budget.calibration(conf)
+            p_all *= self.sizer.calibration(conf)
             if i < k - 1 and p_all >= self.min_confidence:
                 logits = self._forward([x])
             else:
                 break
-        self._drafted = len(tokens)
-        self._confidences = confidences
-        keep = self.budget.best_prefix(confidences)
+        made = ChainDraft(len(tokens), tuple(confidences))  # what the sizer learns the draft's cost from
+        keep = self.sizer.best_prefix(confidences)
         tokens, qs = tokens[:keep], qs[:keep]
         probs = None
         if qs and tokens:
             probs = torch.stack([torch.zeros_like(qs[0]), *qs])
-        return Proposal(DraftTree.chain([state.pending, *tokens], probs))
+        return Proposal(DraftTree.chain([state.pending, *tokens], probs), sizing=made)
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         # the draft cache is valid up to the last committed token that it saw
         self.length = min(self.length, len(state.ids) - 1)
         kv_cache.truncate(self.cache, self.length)
-        if self._drafted:
-            # the loop's measure of this propose (None under rejection sampling: no wall clock)
-            self.budget.update(proposal.tree.size - 1, verdict.num_accepted, state.step_time.draft_s, self._drafted,
-                               self._confidences)
-        self._drafted = 0
 
 
 def build(spec: MethodSpec, target, cfg: DraftModelConfig, ctx: BuildContext) -> DraftModelDrafter:

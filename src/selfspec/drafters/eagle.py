@@ -44,7 +44,7 @@ from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import target_features
-from .backoff import Backoff
+from .backoff import TreeDraft, TreeSizer
 from .budget import best_rate
 from .eagle_heads import draft_lm_head, load_head_for
 from .estimators import PLAIN_RATE, ConfidenceCalibration
@@ -160,7 +160,7 @@ class EagleDrafter(LearnedState):
 
     lossless = True
     needs_hidden = True
-    request_state = ("length", "backoff", "calibration", "_drafted")  # adapts across requests (LearnedState)
+    request_state = ("length", "sizer")  # adapts across requests (LearnedState)
 
     def __init__(self, name: str, target: torch.nn.Module, head: EagleHead, cfg: EagleConfig,
                  profile: CostProfile | None, source: str = "", lm_head: DraftLMHead | None = None) -> None:
@@ -178,7 +178,6 @@ class EagleDrafter(LearnedState):
         self.name = name
         self.head = head
         self.cfg = cfg
-        self.profile = profile
         self.source = source
         self.embed = target.get_input_embeddings()
         self.lm_head = lm_head or DraftLMHead(target.get_output_embeddings(), None)
@@ -187,12 +186,8 @@ class EagleDrafter(LearnedState):
         self.cache = kv_cache.new_cache(head.config)
         self.length = 0  # draft positions in the stable cache
         self.features: torch.Tensor | None = None  # [m, H] true features of positions not yet encoded
-        self.backoff = Backoff(profile.t1 if profile is not None and cfg.backoff else None)
-        # acceptance of a tree node against its draft path probability, learned from verification
-        self.calibration = ConfidenceCalibration() if cfg.calibrate else None
-        self._path_probs: list[float] = []  # of the proposed tree's drafted nodes, tree order
-        self._timed = False  # this step's seconds feed the back-off (drafted, or a backed-off plain step)
-        self._drafted = False  # whether this step ran the head
+        # back-off, and the acceptance of a node against its draft path probability; fed by the controller
+        self.sizer = TreeSizer(profile, cfg.backoff, cfg.calibrate)
         # the pool a step's tree is chosen from: the head's expansion; an oracle test injects its own
         # (same signature), and catch-up, rerank, commit and the feature bookkeeping still run for real
         self.expansion: Callable[[torch.Tensor, int, DecodeState | None], Pool] = self.expand
@@ -201,7 +196,7 @@ class EagleDrafter(LearnedState):
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.profile
+        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cache = kv_cache.new_cache(self.head.config)
@@ -213,18 +208,6 @@ class EagleDrafter(LearnedState):
         idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
         new = target_features(self.head, out.hidden, idx).to(self.dtype)  # root + accepted drafts
         self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
-        if self.calibration is not None:
-            accepted = set(verdict.accepted_nodes)
-            for i, p in enumerate(self._path_probs):  # every drafted node: on the accepted path or not
-                self.calibration.observe_one(p, i + 1 in accepted)
-        self._path_probs = []
-        seconds = state.step_time.step_s  # the loop's measure (None under rejection sampling)
-        if self._timed and seconds is not None:  # its cost (draft + verify) and yield
-            if self._drafted:
-                self.backoff.record(verdict.num_accepted + 1, seconds)
-            else:  # a plain step: what drafting must beat
-                self.backoff.record_plain(seconds)
-        self._timed = False
 
     # -- drafting ------------------------------------------------------------------------------
 
@@ -283,7 +266,8 @@ class EagleDrafter(LearnedState):
         rejection sampling, it never stops on wall-clock cost (the tree must depend on the request
         alone); with coupled sampling the draft uses the target's noise."""
         cfg = self.cfg
-        priced = state is not None and not state.rejection and self.profile is not None
+        profile, calibration = self.sizer.profile, self.sizer.calibration
+        priced = state is not None and not state.rejection and profile is not None
         depth = 1
         s1, tok1 = (t[0] for t in self._top(h_last[None], cfg.top_k, state, depth))
         k = s1.numel()
@@ -301,8 +285,8 @@ class EagleDrafter(LearnedState):
             # the next level adds at most the frontier's summed acceptance chances in expected
             # tokens; stop when even that is worth less than the level costs (one ar step per token)
             if priced and level_s > 0:
-                frontier = float(calibrated(f_score.exp(), self.calibration).sum())
-                if frontier * self.profile.t1 < level_s:
+                frontier = float(calibrated(f_score.exp(), calibration).sum())
+                if frontier * profile.t1 < level_s:
                     break
             started = state.clock(None) if priced else 0.0
             out = self._run(f_feat, f_tok, level_pos.fill_(position), tmask)
@@ -324,13 +308,11 @@ class EagleDrafter(LearnedState):
 
     def propose(self, state: DecodeState) -> Proposal:
         # timed only where the clock sizes something: never under rejection sampling
-        timed = self.profile is not None and not state.rejection
+        sizer = self.sizer
+        timed = sizer.profile is not None and not state.rejection
         started = state.clock(None) if timed else 0.0
-        self._drafted = False
-        if state.draft_room == 0 or not self.backoff.draft_now():
-            self._timed = timed and self.backoff.off  # a backed-off plain step, measured
-            return Proposal(DraftTree.chain([state.pending]))
-        self._drafted = True
+        if state.draft_room == 0 or not sizer.backoff.draft_now():
+            return Proposal(DraftTree.chain([state.pending]))  # plain (the back-off learns its seconds)
         h_last = self.catch_up(state.ids)
         pool = self.expansion(h_last, self.length, state)
         kv_cache.truncate(self.cache, self.length)
@@ -338,14 +320,12 @@ class EagleDrafter(LearnedState):
             n = self.cfg.total_tokens - 1
         else:
             spent = state.clock(self.device) - started if timed else 0.0  # rejection: no wall clock
-            n = best_size(pool.scores.exp(), spent, self.profile, self.cfg.max_tokens, self.calibration)
+            n = best_size(pool.scores.exp(), spent, sizer.profile, self.cfg.max_tokens, sizer.calibration)
         n = min(n, pool.scores.numel())
-        self._timed = timed  # drafted, even if nothing is verified: the drafting was paid for
-        if n == 0:
-            return Proposal(DraftTree.chain([state.pending]))
+        if n == 0:  # drafted, even if nothing is verified: the drafting was paid for
+            return Proposal(DraftTree.chain([state.pending]), sizing=TreeDraft(()))
         tree, chosen = rerank(pool, state.pending, n)
-        self._path_probs = pool.scores[chosen].exp().tolist()
-        return Proposal(tree)
+        return Proposal(tree, sizing=TreeDraft(tuple(pool.scores[chosen].exp().tolist())))
 
 
 def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> EagleDrafter:

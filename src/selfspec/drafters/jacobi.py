@@ -49,17 +49,17 @@ class JacobiDrafter(LearnedState):
     name = "jacobi"
     lossless = True
     needs_hidden = False
-    request_state = ("budget",)  # what adapts across requests (LearnedState.snapshot / restore)
+    request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
 
-    def __init__(self, cfg: JacobiConfig, budget: ChainBudget) -> None:
+    def __init__(self, cfg: JacobiConfig, sizer: ChainBudget) -> None:
         self.cfg = cfg
-        self.budget = budget
+        self.sizer = sizer  # how many guesses are verified; fed by the controller
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.guesses: list[int] = []
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.budget.profile
+        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.generator.manual_seed(self.cfg.seed)
@@ -67,7 +67,7 @@ class JacobiDrafter(LearnedState):
 
     def propose(self, state: DecodeState) -> Proposal:
         self.guesses += ahead_noise(state.ids, self.cfg.m - len(self.guesses), self.generator)
-        k = self.budget.choose(state.draft_room)
+        k = self.sizer.choose(state.draft_room)
         return Proposal(DraftTree.chain([state.pending, *self.guesses[:k]]))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
@@ -76,7 +76,6 @@ class JacobiDrafter(LearnedState):
         then the guesses that were not verified, shifted likewise; ``propose`` refills with noise."""
         k = proposal.tree.size - 1
         a = verdict.num_accepted
-        self.budget.update(k, a)
         shifted: list[int] = []
         if k > a:
             logits = out.tree_logits[a + 1 : k + 1]

@@ -27,6 +27,7 @@ shared lossless rule (recursive rejection with one-hot drafts).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,7 @@ from ..core.ahead_noise import ahead_noise
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import LearnedState, Proposal
-from ..decoding.state import DecodeState, VerifyOutput
+from ..decoding.state import DecodeState, StepTime, VerifyOutput
 from .backoff import ProbeSchedule
 from .budget import best_rate, expected_tokens
 from .estimators import FIRST_PROBE, MAX_PROBE, RATE_DECAY, DecayedRates
@@ -100,9 +101,19 @@ def retrieve(seq: list[int], n: int = 3, m: int = MAX_DEPTH) -> list[int]:
     return seq[best_start + n : best_start + n + m] if best else []
 
 
+@dataclass(frozen=True)
+class TemplateDraft:
+    """A :class:`NodeRates`' record of one proposed tree: the template ``nodes`` verified
+    (parents first) and, for each, its node in the tree (siblings with one token share one)."""
+
+    nodes: tuple[int, ...]
+    index: tuple[int, ...]
+
+
 class NodeRates:
     """Acceptance of each template node (its whole path matched, given it was verified), with
-    exponential forgetting, and the tree size that pays best under a cost profile.
+    exponential forgetting, and the tree size that pays best under a cost profile: msn's
+    :class:`~selfspec.decoding.protocol.Sizer`, fed by the controller.
 
     Args:
         template: rank paths, parents first.
@@ -142,10 +153,18 @@ class NodeRates:
         best_n, rate = best_rate(expected_tokens(values[:cap]), lambda n: self.profile.ratio(n + 1))
         return self.probe.pick(best_n, rate, min(cap, 4))  # nothing pays: a small probe tree now and then
 
-    def update(self, verified: list[int], accepted: set[int]) -> None:
+    def update(self, verified: Sequence[int], accepted: set[int]) -> None:
         """``verified`` template nodes; ``accepted`` those whose tree node was accepted."""
         for i in verified:
             self.acceptance.observe(i, i in accepted)
+
+    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+        """The :class:`~selfspec.decoding.protocol.Sizer` step: each verified template node's
+        acceptance (its tree node on the accepted path), from the proposal's :class:`TemplateDraft`."""
+        rec = proposal.sizing
+        if isinstance(rec, TemplateDraft) and rec.nodes:
+            accepted = set(verdict.accepted_nodes)
+            self.update(rec.nodes, {i for i, t in zip(rec.nodes, rec.index) if t in accepted})
 
 
 def build_tree(pending: int, nodes: list[int], template, cand: list[list[int]]) -> tuple[DraftTree, list[int]]:
@@ -184,20 +203,18 @@ class MsnDrafter(LearnedState):
     name = "msn"
     lossless = True
     needs_hidden = False
-    request_state = ("rates",)  # what adapts across requests (LearnedState.snapshot / restore)
+    request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, cfg: MsnConfig, profile: CostProfile | None) -> None:
         self.cfg = cfg
         self.template = TEMPLATE if cfg.retrieval else MEDUSA_63
-        self.rates = NodeRates(self.template, profile)
+        self.sizer = NodeRates(self.template, profile)  # the tree size; fed by the controller
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.topk: list[list[int]] = []  # [depth - 1] -> up to TOP_K tokens from the last step
-        self.nodes: list[int] = []  # template nodes verified in the current step
-        self.index: list[int] = []  # their tree nodes
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.rates.profile
+        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.generator.manual_seed(self.cfg.seed)
@@ -221,24 +238,20 @@ class MsnDrafter(LearnedState):
     def propose(self, state: DecodeState) -> Proposal:
         room = state.draft_room
         allowed = [i for i, p in enumerate(self.template) if len(p) <= room]
-        order, values = self.rates.ranking(allowed)
+        order, values = self.sizer.ranking(allowed)
         cap = self.cfg.tree_size or self.cfg.max_nodes
-        n = self.rates.choose(values, cap) if self.cfg.tree_size == 0 else min(cap, len(order))
+        n = self.sizer.choose(values, cap) if self.cfg.tree_size == 0 else min(cap, len(order))
         chosen = set(order[:n])
-        self.nodes = [i for i in range(len(self.template)) if i in chosen]  # parents first
-        if not self.nodes:
-            self.index = []
+        nodes = [i for i in range(len(self.template)) if i in chosen]  # parents first
+        if not nodes:
             return Proposal(DraftTree.chain([state.pending]))
-        tree, self.index = build_tree(state.pending, self.nodes, self.template, self.candidates(state.ids))
-        return Proposal(tree)
+        tree, index = build_tree(state.pending, nodes, self.template, self.candidates(state.ids))
+        return Proposal(tree, sizing=TemplateDraft(tuple(nodes), tuple(index)))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
-        """Record which template nodes were accepted; next top-k by depth from the nodes past
-        the accepted point on the best path (the last accepted node's first child, its first
-        child, ...; never the root or any node twice)."""
-        accepted = set(verdict.accepted_nodes)
-        if self.nodes:
-            self.rates.update(self.nodes, {i for i, t in zip(self.nodes, self.index) if t in accepted})
+        """Next top-k by depth from the nodes past the accepted point on the best path (the last
+        accepted node's first child, its first child, ...; never the root or any node twice).
+        Which template nodes were accepted is the sizer's to learn (the controller feeds it)."""
         tree = proposal.tree
         rows, node = [], verdict.accepted_nodes[-1]
         children = tree.children

@@ -56,26 +56,26 @@ class PromptLookupDrafter(LearnedState):
     name = "pld"
     lossless = True
     needs_hidden = False
-    request_state = ("budget",)  # what adapts across requests (LearnedState.snapshot / restore)
+    request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
 
-    def __init__(self, cfg: PromptLookupConfig, budget: ChainBudget) -> None:
+    def __init__(self, cfg: PromptLookupConfig, sizer: ChainBudget) -> None:
         self.cfg = cfg
-        self.budget = budget
+        self.sizer = sizer  # the draft length; fed by the controller
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.budget.profile
+        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass
 
     def propose(self, state: DecodeState) -> Proposal:
-        k = self.budget.choose(state.draft_room)
+        k = self.sizer.choose(state.draft_room)
         draft = lookup(state.ids, self.cfg.max_ngram, self.cfg.min_ngram, k) if k > 0 else []
         return Proposal(DraftTree.chain([state.pending, *draft]))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
-        self.budget.update(proposal.tree.size - 1, verdict.num_accepted)
+        pass  # copied drafts: nothing to roll back (the controller feeds the sizer)
 
 
 def build(spec: MethodSpec, target, cfg: PromptLookupConfig, ctx: BuildContext) -> PromptLookupDrafter:

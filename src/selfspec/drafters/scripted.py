@@ -29,6 +29,7 @@ class ScriptedDrafter(LearnedState):
     lossless = True
     needs_hidden = False
     request_state = ()  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer = None  # fixed drafts: nothing sizes them
 
     def __init__(self, script: list[int], k: int, correct: int, vocab_size: int, tree: bool = False,
                  accept_prob: float | None = None, seed: int = 0) -> None:

@@ -169,7 +169,7 @@ class SdsatDrafter(LearnedState):
     """
 
     needs_hidden = False
-    request_state = ("budget", "k")  # what adapts across requests (LearnedState.snapshot / restore)
+    request_state = ("sizer", "k")  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, name: str, lossless: bool, adaptive_ids: list[int], cfg: SdsatConfig,
                  profile: CostProfile | None, prior: list[float] | None = None) -> None:
@@ -179,13 +179,13 @@ class SdsatDrafter(LearnedState):
         self.cfg = cfg
         self.levels = parse_tree(cfg.tree)
         self.shape = tree_shape(self.levels)
-        self.budget = PositionalAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
+        self.sizer = PositionalAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
         self.drafts: torch.Tensor | None = None  # [k, V] piggyback logits of the last draft step
         self.k = 0
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.budget.profile
+        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.drafts = None
@@ -207,10 +207,10 @@ class SdsatDrafter(LearnedState):
         if room <= 0:
             self.k = 0
         elif self._deterministic(state) or not self.levels:
-            self.k = self.budget.choose(room)
+            self.k = self.sizer.choose(room)
         else:  # the fixed sampling tree (cut to depth k when k is fixed): draft its depth, or not at all
             depth = min(len(self.levels), self.cfg.k or len(self.levels))
-            self.k = depth if self.budget.choose(room, (depth, len(self.shape[0]))) else 0
+            self.k = depth if self.sizer.choose(room, (depth, len(self.shape[0]))) else 0
         root = DraftTree.chain([state.pending])
         if self.k == 0:
             return Proposal(root)
@@ -252,12 +252,8 @@ class SdsatDrafter(LearnedState):
                          torch.stack(rows))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
-        if proposal.piggyback is not None:
+        if proposal.piggyback is not None:  # a draft step: its adaptive tokens' logits are next step's drafts
             self.drafts = out.piggyback_logits.float()
-            return
-        depth = int(proposal.tree.depths.max())
-        if depth > 0:
-            self.budget.update(depth, verdict.num_accepted)
 
 
 def build(spec: MethodSpec, target, cfg: SdsatConfig, ctx: BuildContext) -> SdsatDrafter:

@@ -41,7 +41,7 @@ from ..errors import SelfspecError
 from ..kernels.switch import DRAFT_KERNELS, LinearSwitch
 from ..models.adapter import build_mask
 from ..models.skipping import SkipSet, skip_sublayers
-from .budget import ChainBudget, DraftRule, GammaExit
+from .budget import ChainBudget, ChainDraft, DraftRule, GammaExit
 from .skip_config import GammaSettings, find
 from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
@@ -119,7 +119,7 @@ class SelfSpecDrafter(LearnedState):
     name = "self-spec"
     lossless = True
     needs_hidden = False
-    request_state = ("budget", "gamma", "_drafted")  # what adapts across requests (LearnedState.snapshot / restore)
+    request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
@@ -141,30 +141,22 @@ class SelfSpecDrafter(LearnedState):
         self.model = model
         self.skip = skip
         self.source = source
-        self.budget = budget
         self.draft_exit = draft_exit
-        self.gamma = GammaExit(gamma or GammaSettings())
-        self.auto_k = auto_k
-        self.min_confidence = min_confidence
+        # the step rule over the budget and the gamma exit; fed by the controller
+        self.sizer = DraftRule(budget, GammaExit(gamma or GammaSettings()), draft_exit, auto_k, min_confidence)
         self.device = next(model.parameters()).device
         self.lm_head = lm_head
         self.switch = switch
-        self._drafted = 0
-        self._confidences: list[float] = []
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.budget.profile
+        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
-        self.gamma.new_prompt()
-
-    def rule(self) -> DraftRule:
-        """The step rule over this drafter's (current) budget and gamma exit."""
-        return DraftRule(self.budget, self.gamma, self.draft_exit, self.auto_k, self.min_confidence)
+        self.sizer.gamma.new_prompt()
 
     def propose(self, state: DecodeState) -> Proposal:
-        rule = self.rule()
+        rule = self.sizer
         k = rule.max_draft(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
@@ -195,20 +187,14 @@ class SelfSpecDrafter(LearnedState):
                         break
         finally:
             kv_cache.truncate(state.cache, base)  # draft KV never reaches the committed cache
-        self._drafted = len(tokens)
-        self._confidences = confidences
+        made = ChainDraft(len(tokens), tuple(confidences))  # what the rule learns the draft's cost from
         keep = rule.verify_count(confidences)
         tokens, qs = tokens[:keep], qs[:keep]
         probs_rows = torch.stack([torch.zeros_like(qs[0]), *qs]) if qs and tokens else None
-        return Proposal(DraftTree.chain([state.pending, *tokens], probs_rows))
+        return Proposal(DraftTree.chain([state.pending, *tokens], probs_rows), sizing=made)
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
-        verified = proposal.tree.size - 1
-        if self._drafted:
-            # the loop's measure of this propose (None under rejection sampling: no wall clock)
-            self.rule().update(verified, verdict.num_accepted, state.step_time.draft_s, self._drafted,
-                               self._confidences)
-        self._drafted = 0
+        pass  # the draft KV was truncated in propose (the controller feeds the sizer)
 
 
 def _layers(value) -> tuple[int, ...]:

@@ -107,7 +107,7 @@ class SpaceDrafter(LearnedState):
     """
 
     needs_hidden = False
-    request_state = ("budget",)  # what adapts across requests (LearnedState.snapshot / restore)
+    request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
 
     def __init__(self, name: str, lossless: bool, mask_id: int, cfg: SpaceConfig, profile: CostProfile | None,
                  prior: list[float] | None = None) -> None:
@@ -115,13 +115,13 @@ class SpaceDrafter(LearnedState):
         self.lossless = lossless
         self.mask_id = mask_id
         self.cfg = cfg
-        self.budget = SpaceAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
+        self.sizer = SpaceAcceptance(profile if cfg.k == 0 else None, cfg.k or cfg.max_k, prior)
         self.cands: list[int] = []  # candidates for the next step
         self.probs: torch.Tensor | None = None  # [len(cands), V] their warped draft distributions
 
     def cost_profile(self) -> CostProfile | None:
         """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.budget.profile
+        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cands, self.probs = [], None
@@ -129,8 +129,8 @@ class SpaceDrafter(LearnedState):
     def propose(self, state: DecodeState) -> Proposal:
         room = state.draft_room
         c = min(len(self.cands), room)
-        k = self.budget.choose(max(1, room - 1)) if room > 1 else 0  # masks for the next step
-        if k == 0 and c and self.budget.profile is not None and self.budget.value(c, c + 1) <= PLAIN_RATE:
+        k = self.sizer.choose(max(1, room - 1)) if room > 1 else 0  # masks for the next step
+        if k == 0 and c and self.sizer.profile is not None and self.sizer.value(c, c + 1) <= PLAIN_RATE:
             c = 0  # verifying the candidates alone does not pay either
         toks = [state.pending] + self.cands[:c]
         probs = None
@@ -146,9 +146,6 @@ class SpaceDrafter(LearnedState):
         return Proposal(tree, pig, rule)
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
-        depth = proposal.tree.size - 1
-        if depth > 0:
-            self.budget.update(depth, verdict.num_accepted)
         self.cands, self.probs = [], None
         if proposal.piggyback is None:
             return
