@@ -13,6 +13,7 @@ from selfspec.drafters.scripted import ScriptedDrafter
 from selfspec.models.loading import load_model
 
 from ..conftest import TEST_DEVICE, VOCAB, prompt_ids
+from .wrapped import Wrapped
 
 MAX_NEW = 23  # not a multiple of the draft depth: max_new_tokens is hit mid-draft
 K = 4
@@ -26,38 +27,18 @@ def hf_greedy(model, ids: list[int], max_new: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-class InvariantChecker:
+class InvariantChecker(Wrapped):
     """Wraps a drafter and asserts, at every proposal, the loop invariant: the target cache
     holds exactly the committed tokens except the pending one."""
 
     def __init__(self, inner):
-        self.inner = inner
-        self.name, self.lossless, self.needs_hidden = inner.name, inner.lossless, inner.needs_hidden
+        super().__init__(inner)
         self.checks = 0
-
-    def cost_profile(self):
-        return self.inner.cost_profile()
-
-    @property
-    def sizer(self):
-        return self.inner.sizer
-
-    def snapshot(self):
-        return self.inner.snapshot()  # it learns nothing itself: the inner drafter's state
-
-    def restore(self, snapshot):
-        self.inner.restore(snapshot)
-
-    def prefill(self, state, out):
-        self.inner.prefill(state, out)
 
     def propose(self, state):
         assert state.cache.get_seq_length() == len(state.ids) - 1
         self.checks += 1
         return self.inner.propose(state)
-
-    def observe(self, state, proposal, verdict, out):
-        self.inner.observe(state, proposal, verdict, out)
 
 
 BACKENDS = [(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8")]

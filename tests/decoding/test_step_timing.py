@@ -13,6 +13,7 @@ from selfspec.drafters.scripted import ScriptedDrafter
 from selfspec.models.loading import load_model
 
 from ..conftest import VOCAB, prompt_ids
+from .wrapped import Wrapped
 
 PROMPT = prompt_ids(1, 6)
 
@@ -29,31 +30,15 @@ class TickClock:
         return self.t
 
 
-class Recording:
+class Recording(Wrapped):
     """Wraps a drafter and keeps the ``step_time`` each ``observe`` got."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.seen = inner, []
-        self.name, self.lossless, self.needs_hidden = inner.name, inner.lossless, inner.needs_hidden
+        super().__init__(inner)
+        self.seen = []
 
     def cost_profile(self):
         return None
-
-    @property
-    def sizer(self):
-        return self.inner.sizer
-
-    def snapshot(self):
-        return self.inner.snapshot()  # it learns nothing itself: the inner drafter's state
-
-    def restore(self, snapshot):
-        self.inner.restore(snapshot)
-
-    def prefill(self, state, out):
-        self.inner.prefill(state, out)
-
-    def propose(self, state):
-        return self.inner.propose(state)
 
     def observe(self, state, proposal, verdict, out):
         self.seen.append(state.step_time)

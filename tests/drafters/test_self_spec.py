@@ -24,6 +24,7 @@ from selfspec.models.loading import load_model
 from selfspec.tune.objectives import simulate
 
 from ..conftest import prompt_ids
+from ..decoding.wrapped import Wrapped
 
 
 def test_gamma_rule_follows_the_paper():
@@ -45,38 +46,16 @@ def test_drafting_leaves_the_committed_cache_untouched(tiny_dir):
                       self_test=False)
     snapshots = []
 
-    class Spy:
-        name, lossless, needs_hidden = "spy", True, False
-
-        def cost_profile(self):
-            return g_inner.cost_profile()
-
-        @property
-        def sizer(self):
-            return g_inner.sizer
-
-        def snapshot(self):
-            return g_inner.snapshot()
-
-        def restore(self, snapshot):
-            g_inner.restore(snapshot)
-
-        def prefill(self, state, out):
-            g_inner.prefill(state, out)
-
+    class Spy(Wrapped):
         def propose(self, state):
             before = [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
-            proposal = g_inner.propose(state)
+            proposal = self.inner.propose(state)
             after = [(layer.keys, layer.values) for layer in state.cache.layers]
             snapshots.append(all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(before, after)))
             assert proposal.tree.size == 1 + min(4, state.draft_room)
             return proposal
 
-        def observe(self, state, proposal, verdict, out):
-            g_inner.observe(state, proposal, verdict, out)
-
-    g_inner = g.drafter
-    g.drafter = Spy()
+    g.drafter = Spy(g.drafter)
     g.generate(prompt_ids(3, 11), max_new_tokens=20)
     assert snapshots and all(snapshots)
 

@@ -201,6 +201,17 @@ def _unsupported(body: dict) -> None:
                                       {"key": key, "why": why})
 
 
+LIMITS = {  # field: (is the value allowed?, what it must be)
+    "n": (lambda v: v == 1, "1 (one choice per request)"),
+    "max_tokens": (lambda v: v >= 1, "at least 1"),
+    "max_completion_tokens": (lambda v: v >= 1, "at least 1"),
+    "temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "top_k": (lambda v: v >= -1, ">= 0 (0 or -1 = off)"),
+    "seed": (lambda v: 0 <= v < 2**63, "in [0, 2^63)"),
+}
+
+
 class CompletionBody(BaseModel):
     """The body of ``/v1/chat/completions`` (``messages``) or ``/v1/completions`` (``prompt``), as
     OpenAI defines it, with the fields this server does not do refused by name (``UNSUPPORTED``)
@@ -231,46 +242,12 @@ class CompletionBody(BaseModel):
             raise _type_error("stream_options", "an object", body["stream_options"])
         return body
 
-    @field_validator("n")
+    @field_validator(*LIMITS)
     @classmethod
-    def _one_choice(cls, v):
-        if v not in (None, 1):
-            raise _invalid(f"'n' must be 1 (one choice per request), got {v}")
-        return v
-
-    @field_validator("max_tokens", "max_completion_tokens")
-    @classmethod
-    def _at_least_one(cls, v, info: ValidationInfo):
-        if v is not None and v < 1:
-            raise _invalid(f"'{info.field_name}' must be at least 1, got {v}")
-        return v
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, v):
-        if v is not None and v < 0:
-            raise _invalid(f"'temperature' must be >= 0 (0 = greedy), got {v}")
-        return v
-
-    @field_validator("top_p")
-    @classmethod
-    def _top_p(cls, v):
-        if v is not None and not 0 < v <= 1:
-            raise _invalid(f"'top_p' must be in (0, 1], got {v}")
-        return v
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v):
-        if v is not None and v < -1:
-            raise _invalid(f"'top_k' must be >= 0 (0 or -1 = off), got {v}")
-        return v
-
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, v):
-        if v is not None and not 0 <= v < 2**63:
-            raise _invalid(f"'seed' must be in [0, 2^63), got {v}")
+    def _in_range(cls, v, info: ValidationInfo):
+        allowed, want = LIMITS[info.field_name]
+        if v is not None and not allowed(v):
+            raise _invalid(f"'{info.field_name}' must be {want}, got {v}")
         return v
 
     @field_validator("stop", mode="before")
