@@ -73,7 +73,7 @@ class MsnObjective:
     so their ``noisy`` / ``acc_noisy`` / ``acc{j}`` metrics compare directly."""
 
     plot_keys = ("loss", "plain", "noisy")
-    eval_draws = 8  # one noise span per example: 8 draws give the accuracies by noise depth 8x the positions
+    eval_draws = 3  # one noise span per example: 3 draws give the accuracies by noise depth 3x the positions
 
     def __init__(self, opts: MsnOptions, eval_span: int | None = None) -> None:
         opts.check()
