@@ -18,6 +18,9 @@ extrapolation is optimistic: the figure is a lower bound on the tokens needed.
 
     python scripts/acceptance_curve.py --run sdsat=$SELFSPEC_HOME/curves/smollm2-sdsat \
         --diagnostics docs/results/backoff-diagnostics-avx2/diagnostics.json --out docs/results/acceptance-curves-avx2
+
+``--keep`` adds a run to an existing page: the other methods' rows are read back from its
+``curves.json``, so a curve measured in an earlier session stays on the plot and in the table.
 """
 
 from __future__ import annotations
@@ -173,9 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", action="append", required=True, help="METHOD=DIR of a `selfspec train` run (repeat)")
     ap.add_argument("--diagnostics", type=Path, help="backoff_diagnostics.py JSON: draft and verify cost per method")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the other methods' rows of OUT/curves.json (earlier runs whose directories are gone)")
     args = ap.parse_args(argv)
     diag = json.loads(args.diagnostics.read_text())["methods"] if args.diagnostics else {}
-    rows = {}
+    earlier = args.out / "curves.json"
+    rows = json.loads(earlier.read_text())["methods"] if args.keep and earlier.is_file() else {}
     for spec in args.run:
         label, _, d = spec.partition("=")
         if not d:

@@ -55,3 +55,17 @@ def test_a_bad_run_spec_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "acceptance_curve.py"), "--run", "nodir",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "METHOD=DIR" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_keep_adds_a_run_beside_the_earlier_rows(tmp_path):
+    run = _run_dir(tmp_path, final=True)
+    script = [sys.executable, str(ROOT / "scripts" / "acceptance_curve.py")]
+    out = tmp_path / "out"
+    assert subprocess.run([*script, "--run", f"sdsat={run}", "--out", str(out)], timeout=120).returncode == 0
+    r = subprocess.run([*script, "--run", f"msn={run}", "--out", str(out), "--keep"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads((out / "curves.json").read_text())["methods"]) == {"sdsat", "msn"}
+    assert "| sdsat |" in (out / "curves.md").read_text() and "| msn |" in (out / "curves.md").read_text()
+    subprocess.run([*script, "--run", f"msn={run}", "--out", str(out)], timeout=120, check=True)  # without --keep
+    assert set(json.loads((out / "curves.json").read_text())["methods"]) == {"msn"}
