@@ -285,7 +285,7 @@ def _add_msn_args(p: argparse.ArgumentParser, noised: bool = True) -> None:
 def _msn(args: argparse.Namespace, noised: bool = True):
     from .msn import MsnObjective, MsnOptions
 
-    return MsnObjective(MsnOptions(span=args.span if noised else 0), eval_span=args.span), 0
+    return MsnObjective(MsnOptions(span=args.span if noised else 0), eval_span=args.span), args.span
 
 
 def run_finetune(args: argparse.Namespace, make: Callable[[argparse.Namespace], tuple]) -> int:
@@ -319,11 +319,12 @@ def run_finetune(args: argparse.Namespace, make: Callable[[argparse.Namespace], 
                    resume=args.resume, progress=not args.no_progress, accelerator=acc)
     if acc.is_main_process:
         accs = " ".join(f"{res[f'acc{j}']:.3f}" for j in range(2, depth + 2) if f"acc{j}" in res)
-        if "acc_noisy" in res:
-            accs = f"next-token accuracy after noise {res['acc_noisy']:.3f}"
+        what = "draft top-1 accuracy at offsets 2..:"
+        if "acc_noisy" in res:  # msn / sft: by how many noised inputs precede the prediction
+            what = f"next-token accuracy after noise {res['acc_noisy']:.3f}; after 1, 2, ... noised inputs:"
         print(f"{args.what} ({'LoRA r=' + str(opts.lora_rank) if opts.lora_rank else 'full fine-tuning'}): "
               f"{res['steps']} steps on {meta['tokens']} tokens ({len(examples)} examples); validation plain loss "
-              f"{res.get('plain', float('nan')):.3f}, draft top-1 accuracy at offsets 2..: {accs or 'n/a'}")
+              f"{res.get('plain', float('nan')):.3f}, {what} {accs or 'n/a'}")
         print(f"model: {out}   (use: --model {out} --method {args.what}, or --method ar for the same model)")
     return 0
 
