@@ -40,7 +40,7 @@ def test_a_generator_corrects_its_drafters_cost_profile_when_asked(tiny_dir, tmp
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
     g = selfspec.load(str(tiny_dir), "pld", kernels="stock", self_test=False)
     online = g.online_cost
-    assert online is not None and online.profile is g.drafter.cost_profile()
+    assert online is not None and online.profile is g.drafter.sizer.profile
     assert selfspec.load(str(tiny_dir), "ar", kernels="stock", self_test=False).online_cost is None
     before = online.profile.path.read_text()
     steps = 0

@@ -41,7 +41,7 @@ def test_greedy_requests_keep_what_the_drafter_learned(tiny_dir, tiny_draft_dir)
 def test_a_new_drafter_brings_its_own_state_and_profile(tiny_dir, tiny_draft_dir):
     g = _draft_model(tiny_dir, tiny_draft_dir)
     c = DraftController(g.drafter)
-    assert c.online is not None and c.online.profile is g.drafter.cost_profile()
+    assert c.online is not None and c.online.profile is g.drafter.sizer.profile
     ar = selfspec.load(load_model(str(tiny_dir), kernels="stock"), "ar", self_test=False)
     c.drafter = ar.drafter
     assert c.online is None

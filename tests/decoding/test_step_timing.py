@@ -37,9 +37,6 @@ class Recording(Wrapped):
         super().__init__(inner)
         self.seen = []
 
-    def cost_profile(self):
-        return None
-
     def observe(self, state, proposal, verdict, out):
         self.seen.append(state.step_time)
         self.inner.observe(state, proposal, verdict, out)

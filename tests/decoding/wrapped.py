@@ -16,9 +16,6 @@ class Wrapped:
     def sizer(self):
         return self.inner.sizer
 
-    def cost_profile(self):
-        return self.inner.cost_profile()
-
     def snapshot(self):
         return self.inner.snapshot()
 

@@ -53,7 +53,7 @@ class DraftController:
         """A new drafter: its load-time request state and profile become the controller's."""
         self._drafter = drafter
         self._fresh = drafter.snapshot()
-        profile = drafter.cost_profile()
+        profile = drafter.sizer.profile if drafter.sizer is not None else None
         self.online = OnlineCost(profile) if profile is not None else None
 
     def start(self, state: DecodeState) -> None:

@@ -87,7 +87,9 @@ class Sizer(Protocol):
     drafter updates its sizer itself.
 
     Attributes:
-        profile: the verify-cost profile it sizes drafts from, or None (fixed sizes).
+        profile: the verify-cost profile it sizes drafts from, or None (fixed sizes). The loop
+            times every verify forward into an :class:`~selfspec.core.online_cost.OnlineCost` over it
+            (a correction used from the next load on).
     """
 
     profile: CostProfile | None
@@ -120,11 +122,6 @@ class Drafter(Protocol):
     def restore(self, snapshot: dict) -> None:
         """Put a :meth:`snapshot` back (the controller does before every rejection-sampled
         request, whose text depends on the draft lengths)."""
-
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from, or None. The loop times every verify
-        forward into an :class:`~selfspec.core.online_cost.OnlineCost` over it (a correction used from
-        the next load on)."""
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         """Called once after the prompt forward (``out`` covers the prompt tokens)."""

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.acceptance import Verdict
-from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import LearnedState, Proposal
 from .spec import ALWAYS, BuildContext, MethodSpec
@@ -34,10 +33,6 @@ class NullDrafter(LearnedState):
     needs_hidden = False
     request_state = ()  # what adapts across requests (LearnedState.snapshot / restore)
     sizer = None  # it drafts nothing
-
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return None
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass

@@ -14,7 +14,6 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict
-from ..core.cost import CostProfile
 from ..core.sampling import sample
 from ..core.tree import DraftTree
 from ..decoding.protocol import LearnedState, Proposal
@@ -92,10 +91,6 @@ class DraftModelDrafter(LearnedState):
         self.device = next(draft.parameters()).device
         self.cache = kv_cache.new_cache(draft.config)
         self.length = 0  # committed tokens whose KV the draft cache holds
-
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         """Run the draft over the prompt now, so each step only catches up on a few tokens and

@@ -194,10 +194,6 @@ class EagleDrafter(LearnedState):
 
     # -- state ---------------------------------------------------------------------------------
 
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.sizer.profile
-
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cache = kv_cache.new_cache(self.head.config)
         self.length = 0

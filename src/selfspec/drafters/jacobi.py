@@ -20,7 +20,6 @@ import torch
 
 from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
-from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -56,10 +55,6 @@ class JacobiDrafter(LearnedState):
         self.sizer = sizer  # how many guesses are verified; fed by the controller
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.guesses: list[int] = []
-
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.generator.manual_seed(self.cfg.seed)

@@ -212,10 +212,6 @@ class MsnDrafter(LearnedState):
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.topk: list[list[int]] = []  # [depth - 1] -> up to TOP_K tokens from the last step
 
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.sizer.profile
-
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.generator.manual_seed(self.cfg.seed)
         self.topk = []

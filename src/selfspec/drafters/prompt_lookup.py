@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.acceptance import Verdict
-from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -61,10 +60,6 @@ class PromptLookupDrafter(LearnedState):
     def __init__(self, cfg: PromptLookupConfig, sizer: ChainBudget) -> None:
         self.cfg = cfg
         self.sizer = sizer  # the draft length; fed by the controller
-
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass

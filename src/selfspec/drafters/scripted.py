@@ -18,7 +18,6 @@ import random
 import torch
 
 from ..core.acceptance import Verdict
-from ..core.cost import CostProfile
 from ..core.tree import DraftTree
 from ..decoding.protocol import LearnedState, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
@@ -53,10 +52,6 @@ class ScriptedDrafter(LearnedState):
         self.tree = tree
         self.accept_prob = accept_prob
         self.rng = random.Random(seed)
-
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return None
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass

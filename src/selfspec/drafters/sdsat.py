@@ -183,10 +183,6 @@ class SdsatDrafter(LearnedState):
         self.drafts: torch.Tensor | None = None  # [k, V] piggyback logits of the last draft step
         self.k = 0
 
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.sizer.profile
-
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.drafts = None
 

@@ -31,7 +31,6 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict
-from ..core.cost import CostProfile
 from ..core.sampling import sample
 from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
@@ -147,10 +146,6 @@ class SelfSpecDrafter(LearnedState):
         self.device = next(model.parameters()).device
         self.lm_head = lm_head
         self.switch = switch
-
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.sizer.profile
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.sizer.gamma.new_prompt()

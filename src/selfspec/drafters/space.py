@@ -119,10 +119,6 @@ class SpaceDrafter(LearnedState):
         self.cands: list[int] = []  # candidates for the next step
         self.probs: torch.Tensor | None = None  # [len(cands), V] their warped draft distributions
 
-    def cost_profile(self) -> CostProfile | None:
-        """The verify-cost profile it sizes drafts from (None: none)."""
-        return self.sizer.profile
-
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cands, self.probs = [], None
 
