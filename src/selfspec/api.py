@@ -21,6 +21,7 @@ from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
 from .errors import SelfspecError
 from .models.bundled import DEFAULT_MODEL
+from .models.compiled_step import capacity_for
 from .models.loading import LoadedModel, load_model
 from .models.selftest import keep_int8_promise, tree_self_test
 from .registry import AUTO, BASELINE, METHODS, BuildContext, method_config
@@ -166,9 +167,11 @@ class SpeculativeGenerator:
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
         warper = Warper(float(cfg.temperature), cfg.top_k, float(cfg.top_p))
         coupled = not warper.greedy and cfg.sampling == "coupled"
+        step = self.target.step  # the compiled backend's static-shape step, on a static cache
+        capacity = capacity_for(len(ids) + cfg.max_new_tokens) if step is not None else None
         return DecodeState(
             ids=list(ids), prompt_len=len(ids), cfg=cfg, warper=warper, generator=gen,
-            cache=new_cache(model.config), eos_ids=self.eos_ids,
+            cache=new_cache(model.config, capacity), step=step, eos_ids=self.eos_ids,
             stop_check=make_stop_check(self.tokenizer, cfg.stop),
             noise=GumbelNoise(cfg.seed) if coupled else None,
         )

@@ -1,4 +1,5 @@
-"""KV-cache bookkeeping on stock ``transformers`` ``DynamicCache`` objects.
+"""KV-cache bookkeeping on stock ``transformers`` caches: ``DynamicCache`` (every backend but
+``compiled``) and ``StaticCache`` (the ``compiled`` backend's static-shape step).
 
 Each layer is a :class:`PreallocLayer`: a ``DynamicLayer`` whose keys and values are views of a
 preallocated buffer that grows by doubling, so appending a verify block writes only the new rows
@@ -8,6 +9,10 @@ Invariant between decode steps: the target cache holds the KV of every committed
 the pending one. A verify forward appends the KV of all N tree nodes (and of any piggyback
 tokens) after ``base``; :func:`commit` keeps the rows of the accepted path, copying them down
 when the path is not a prefix of the verified block (a tree branch), and drops the rest.
+
+A static cache holds ``[B, H, capacity, D]`` buffers addressed by position: its length is the
+layers' ``cumulative_length`` counter (where the next block is written), so dropping rows only
+moves the counter back; rows past it are stale and masked out, then overwritten.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import functools
 import inspect
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from ..errors import SelfspecError
 
@@ -76,8 +81,17 @@ class PreallocLayer(DynamicLayer):
         self._kbuf = self._vbuf = None
 
 
-def new_cache(model_config) -> DynamicCache:
-    """An empty cache for one sequence; refuses cache types that cannot be rolled back."""
+def new_cache(model_config, capacity: int | None = None) -> DynamicCache | StaticCache:
+    """An empty cache for one sequence; refuses cache types that cannot be rolled back.
+
+    ``capacity``: a ``StaticCache`` of that many positions (the ``compiled`` backend), else a
+    growing ``DynamicCache`` with preallocated layers."""
+    if capacity is not None:
+        static = StaticCache(config=model_config, max_cache_len=capacity)
+        if any(type(layer) is not StaticLayer for layer in static.layers):
+            raise SelfspecError("this model uses a sliding-window or hybrid cache, which the compiled backend's "
+                                "static cache cannot roll back; use --kernels stock")
+        return static
     cache = DynamicCache(config=model_config)
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
@@ -89,20 +103,40 @@ def new_cache(model_config) -> DynamicCache:
     return cache
 
 
-def cache_length(cache: DynamicCache) -> int:
+def cache_length(cache: DynamicCache | StaticCache) -> int:
     """Number of cached positions (all layers hold the same number)."""
-    return cache.get_seq_length()
+    return int(cache.get_seq_length())
 
 
-def truncate(cache: DynamicCache, length: int) -> None:
+def is_static(cache: DynamicCache | StaticCache) -> bool:
+    """Whether ``cache`` is a static (position-addressed, fixed-capacity) cache."""
+    return bool(cache.layers) and isinstance(cache.layers[0], StaticLayer)
+
+
+def capacity(cache: DynamicCache | StaticCache) -> int | None:
+    """A static cache's positions (None for a growing one)."""
+    return cache.layers[0].max_cache_len if is_static(cache) else None
+
+
+def set_length(cache: StaticCache, length: int) -> None:
+    """Make a static cache hold ``length`` positions: the next block is written at ``length``."""
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(length)
+
+
+def truncate(cache: DynamicCache | StaticCache, length: int) -> None:
     """Drop every cached position at or after ``length``."""
+    if is_static(cache):
+        if cache_length(cache) > length:
+            set_length(cache, length)
+        return
     for layer in cache.layers:
         if layer.is_initialized and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]
 
 
-def commit(cache: DynamicCache, base: int, kept: list[int]) -> None:
+def commit(cache: DynamicCache | StaticCache, base: int, kept: list[int]) -> None:
     """Keep the verified rows ``base + kept[i]`` at ``base + i`` and drop everything after.
 
     Args:

@@ -70,7 +70,10 @@ def verify(state: DecodeState, model: torch.nn.Module, proposal: Proposal, want_
             block = full
             ids = torch.cat([ids, pig.tokens])
             positions = torch.cat([positions, pig.positions])
-    out = forward_block(model, state.cache, ids, positions, block, want_hidden)
+    if state.step is not None:  # the compiled backend: padded to a static shape
+        out = state.step.forward(state.cache, ids, positions, block, want_hidden)
+    else:
+        out = forward_block(model, state.cache, ids, positions, block, want_hidden)
     n = tree.size
     pig_logits = out.logits[n:] if pig is not None else None
     return VerifyOutput(base, out.logits[:n], pig_logits, out.hidden)

@@ -17,7 +17,8 @@ from .swap import KernelState, SwappedLinear, original_of, restore_attention, re
 
 
 def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: KernelState | None = None) -> None:
-    """Put ``model``'s linear layers (and attention function) on concrete backend ``kernels``.
+    """Put ``model``'s linear layers (and attention function) on concrete backend ``kernels``
+    (``compiled`` keeps the stock layers: what it changes is the step that runs them).
 
     ``state`` (the model's :class:`KernelState`) remembers what switching back needs. With
     ``keep``, converted layers stay cached there so switching back is instant; otherwise layers of

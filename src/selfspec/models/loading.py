@@ -19,6 +19,7 @@ from ..errors import SelfspecError
 from ..kernels.swap import KernelState
 from ..paths import selfspec_home
 from . import bundled
+from .compiled_step import StaticStep
 
 log = logging.getLogger("selfspec.models")
 
@@ -35,8 +36,8 @@ class LoadedModel:
         tokenizer: its tokenizer.
         name: what the user asked for (shown in reports).
         path: the local directory the weights came from (None for a hub id).
-        backend: the linear-layer kernels in use (``stock``, ``onednn`` or ``int8``; see
-            :mod:`selfspec.kernels`). ``int8`` is a quantised model.
+        backend: the linear-layer kernels in use (``stock``, ``onednn``, ``int8`` or ``compiled``;
+            see :mod:`selfspec.kernels`). ``int8`` is a quantised model.
         kernel_state: what kernel switches remember (kept layers, the attention function before),
             kept here rather than on the model.
     """
@@ -47,6 +48,17 @@ class LoadedModel:
     path: Path | None
     backend: str = "stock"
     kernel_state: KernelState = field(default_factory=KernelState, repr=False)
+    _step: StaticStep | None = field(default=None, repr=False)
+
+    @property
+    def step(self) -> StaticStep | None:
+        """The compiled static-shape verify step on the ``compiled`` backend (made on first use,
+        then kept with its compiled graphs), else None: verification runs eagerly."""
+        if self.backend != "compiled":
+            return None
+        if self._step is None:
+            self._step = StaticStep(self.model)
+        return self._step
 
     def use_kernels(self, kernels: str, keep: bool = False) -> str:
         """Switch this model's linear layers to ``kernels`` (in place); returns the backend."""

@@ -1,0 +1,189 @@
+"""The ``compiled`` kernels backend: a static-shape verify step under ``torch.compile`` (issue 34).
+
+Every method's speed is a multiple of one target forward, and at batch 1 a small model's eager
+forward is mostly Python and dispatch over its layers (RMSNorm, rotary embeddings, the 4-D mask,
+small copies). This backend runs the **stock** HF model's forward (no forked modelling code)
+compiled by Inductor on static shapes:
+
+- the KV cache is a ``transformers`` ``StaticCache`` of :func:`capacity_for` positions, addressed
+  by position (:mod:`selfspec.core.kv_cache` rolls it back by moving its length counter);
+- a verify block of ``T`` tokens (tree nodes and piggyback tokens alike) is padded to the next of
+  :data:`BUCKETS`: padded rows sit after the real ones, see the cached prefix and themselves only,
+  and their KV rows lie past the committed length (stale; overwritten by the next block);
+- the mask is always the explicit ``[1, 1, P, capacity]`` one, so one graph serves chains, trees
+  and piggyback blocks of the same padded size.
+
+Shapes are static (``dynamic=False``): one compile per (padded size, hidden states or not), each
+cached on disk by Inductor under ``$SELFSPEC_HOME/compile`` so that a second process reuses it.
+On CUDA the graphs are captured (``mode="reduce-overhead"``). The prompt forward and drafts that
+run the target themselves (self-spec) stay eager on the same static cache.
+
+Linear layers are the stock ones (the compiled graph is the model as loaded, in a different
+operation order): ``compiled`` is a backend of its own, lossless with respect to ``ar`` on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core import kv_cache
+from ..core.timing import now
+from ..paths import writable_cache_dir
+from .adapter import BOOL_MASK_IMPLS, BlockOutput
+
+log = logging.getLogger("selfspec.kernels")
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+"""Padded verify-block sizes; a larger block is padded to a multiple of the last."""
+MIN_CAPACITY = 1024
+"""Static caches hold at least this many positions (one compiled graph for most requests)."""
+INDUCTOR_DIR = "TORCHINDUCTOR_CACHE_DIR"
+HEADROOM = 2 * BUCKETS[-1]
+"""Positions kept free after the request's last token: a padded verify block, or a self-drafted
+chain, is written past the committed length."""
+
+
+def bucket(t: int) -> int:
+    """The padded size of a ``t``-token block: the smallest of :data:`BUCKETS` that holds it."""
+    if t < 1:
+        raise ValueError(f"a verify block has at least one token, not {t}")
+    for b in BUCKETS:
+        if t <= b:
+            return b
+    return -(-t // BUCKETS[-1]) * BUCKETS[-1]
+
+
+def capacity_for(tokens: int) -> int:
+    """Static-cache positions for a request of ``tokens`` (prompt + new): a power of two, at
+    least :data:`MIN_CAPACITY`, with :data:`HEADROOM` to spare. Powers of two keep the number
+    of distinct shapes (and compiles) small."""
+    need = tokens + HEADROOM
+    cap = MIN_CAPACITY
+    while cap < need:
+        cap *= 2
+    return cap
+
+
+def compile_cache_dir() -> str | None:
+    """Where Inductor keeps compiled graphs between processes: ``$SELFSPEC_HOME/compile`` (or
+    the per-user cache; None where neither is writable), unless ``TORCHINDUCTOR_CACHE_DIR``
+    names a place of the user's own (torch itself fills it with a temporary directory)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    env = os.environ.get(INDUCTOR_DIR)
+    if env and os.path.abspath(env) != os.path.abspath(default_cache_dir()):
+        return env
+    d = writable_cache_dir("compile")
+    return None if d is None else str(d)
+
+
+@contextlib.contextmanager
+def inductor_cache(directory: str | None) -> Iterator[None]:
+    """Inductor's on-disk caches under ``directory`` for the block (the environment variable it
+    reads at each compile), restored afterwards; as it is when ``directory`` is None."""
+    if directory is None:
+        yield
+        return
+    before = os.environ.get(INDUCTOR_DIR)
+    os.environ[INDUCTOR_DIR] = directory
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(INDUCTOR_DIR, None)
+        else:
+            os.environ[INDUCTOR_DIR] = before
+
+
+def padded_mask(base: int, block_mask: torch.Tensor | None, t: int, p: int, width: int, bool_mask: bool,
+                dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The ``[1, 1, p, width]`` mask of a ``t``-token block padded to ``p`` rows after ``base``
+    cached positions: real row i sees the prefix and the block's ``block_mask[i]`` (causal when
+    None); padded row r sees the prefix and itself. Boolean (True = attend) or additive."""
+    full = torch.zeros(p, width, dtype=torch.bool)
+    full[:, :base] = True
+    full[:t, base:base + t] = block_mask if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
+    pad = torch.arange(t, p)
+    full[pad, base + pad] = True
+    full = full.to(device)[None, None]
+    if bool_mask:
+        return full
+    return torch.zeros(full.shape, dtype=dtype, device=device).masked_fill(~full, torch.finfo(dtype).min)
+
+
+@dataclass
+class StaticStep:
+    """The compiled verify forward of one loaded model (kept on its ``LoadedModel``).
+
+    Attributes:
+        model: the stock HF causal LM (its forward is compiled, the module is left as it is).
+        compiled: the shapes compiled so far in this process, ``(padded T, capacity, hidden)``.
+        compile_s: seconds the first call of each shape took (compile included), by shape.
+    """
+
+    model: torch.nn.Module
+    compiled: set[tuple[int, int, bool]] = field(default_factory=set)
+    compile_s: dict[tuple[int, int, bool], float] = field(default_factory=dict)
+    _fn: object = field(default=None, repr=False)
+
+    def _compiled_forward(self):
+        if self._fn is None:
+            device = next(self.model.parameters()).device
+            mode = "reduce-overhead" if device.type == "cuda" else None
+            self._fn = torch.compile(self.model.forward, dynamic=False, mode=mode)
+        return self._fn
+
+    def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None,
+                want_hidden: bool) -> BlockOutput:
+        """Run ``T`` new tokens after the cached prefix, padded to :func:`bucket` ``(T)``; their KV
+        is appended to the static ``cache`` (its length grows by exactly ``T``).
+
+        Args:
+            cache: a static cache (:func:`~selfspec.core.kv_cache.new_cache` with a capacity).
+            ids: ``[T]`` int64 token ids.
+            positions: ``[T]`` int64 position ids.
+            block_mask: ``[T, T]`` bool visibility among the new tokens, or None for causal.
+            want_hidden: also return every layer's hidden states.
+
+        Returns:
+            the :class:`~selfspec.models.adapter.BlockOutput` of the ``T`` real tokens.
+        """
+        model = self.model
+        device = next(model.parameters()).device
+        base = kv_cache.cache_length(cache)
+        width = kv_cache.capacity(cache)
+        t = ids.numel()
+        p = bucket(t)
+        if base + p > width:
+            raise RuntimeError(f"a {p}-row block after {base} positions overflows the {width}-position static cache")
+        ids_p = torch.zeros(p, dtype=torch.long)
+        ids_p[:t] = ids.cpu()
+        pos_p = torch.full((p,), int(positions[-1]), dtype=torch.long)
+        pos_p[:t] = positions.cpu()
+        impl = model.config._attn_implementation
+        mask = padded_mask(base, block_mask.cpu() if block_mask is not None else None, t, p, width,
+                           impl in BOOL_MASK_IMPLS, model.dtype, device)
+        shape = (p, width, want_hidden)
+        first = shape not in self.compiled
+        directory = compile_cache_dir()
+        if first:
+            log.info(f"compiling the decode step for {p}-token blocks ({'with' if want_hidden else 'no'} hidden "
+                     f"states, {width}-position cache), cached in {directory or 'memory only'} ...")
+        t0 = now(None)
+        with inductor_cache(directory):
+            out = self._compiled_forward()(
+                input_ids=ids_p.to(device)[None], position_ids=pos_p.to(device)[None], attention_mask=mask,
+                **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden)
+        if first:
+            self.compiled.add(shape)
+            self.compile_s[shape] = now(device) - t0
+            log.info(f"compiled the {p}-token step in {self.compile_s[shape]:.1f} s")
+        kv_cache.set_length(cache, base + t)
+        hidden = tuple(h[0, :t] for h in out.hidden_states) if want_hidden else None
+        return BlockOutput(out.logits[0, :t].float(), hidden)
