@@ -41,18 +41,21 @@ class InvariantChecker(Wrapped):
         return self.inner.propose(state)
 
 
-BACKENDS = [(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8")]
+BACKENDS = [(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8", "compiled")]
 
 
 def _backend(p: tuple[str, str], marks=()):
     return pytest.param(p, id=f"{p[0]}-{p[1]}", marks=marks)
 
 
-# Every method runs on every backend; the default tier keeps `stock` and leaves the `onednn` and
-# `int8` cases of the methods to the `matrix` tier (CI's second command). `ar` and the scripted
-# drafter, which exercise the loop itself, run on every backend in the default tier
-# (``@ALL_BACKENDS``, which overrides the fixture's params).
-ALL_BACKENDS = pytest.mark.parametrize("target", [_backend(p) for p in BACKENDS], indirect=True)
+# Every method runs on every backend; the default tier keeps `stock` and leaves the `onednn`,
+# `int8` and `compiled` cases of the methods to the `matrix` tier (CI's second command). `ar` and
+# the scripted drafter, which exercise the loop itself, run on the eager backends in the default
+# tier (``@ALL_BACKENDS``, which overrides the fixture's params); on `compiled`, whose every block
+# size is a compile of a minute or so, in the matrix tier (the default tier's compiled cases are
+# in ``tests/models/test_compiled_step.py``).
+ALL_BACKENDS = pytest.mark.parametrize(
+    "target", [_backend(p, pytest.mark.matrix if p[1] == "compiled" else ()) for p in BACKENDS], indirect=True)
 
 
 @pytest.fixture(scope="module", params=[_backend(p, () if p[1] == "stock" else pytest.mark.matrix) for p in BACKENDS])

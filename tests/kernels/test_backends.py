@@ -72,12 +72,12 @@ def test_load_defaults_to_auto_kernels(tiny_dir, monkeypatch):
 
 
 def test_unknown_kernels_are_refused(tiny_dir):
-    with pytest.raises(SelfspecError, match="unknown kernels 'fast'.*auto, stock, onednn, int8"):
+    with pytest.raises(SelfspecError, match="unknown kernels .fast.*auto, stock, onednn, int8, compiled"):
         load_model(str(tiny_dir), kernels="fast")
     t = load_model(str(tiny_dir))
     with pytest.raises(SelfspecError, match="unknown kernels"):
         apply_kernels(t.model, "int4")
-    assert KERNELS == ("auto", "stock", "onednn", "int8")
+    assert KERNELS == ("auto", "stock", "onednn", "int8", "compiled")
 
 
 def test_onednn_needs_fp32(tiny_dir):

@@ -47,6 +47,13 @@ def target():
     return LoadedModel(model=model, tokenizer=None, name="tiny-v6", path=None)
 
 
+@pytest.fixture(scope="module")
+def compiled_target(target):
+    """The same model on the ``compiled`` backend (its static-shape verify step under
+    ``torch.compile``): sampling through it must draw from the same exact distribution."""
+    return LoadedModel(model=target.model, tokenizer=None, name="tiny-v6", path=None, backend="compiled")
+
+
 def _probs(model, warper: Warper, ids: list[int]) -> torch.Tensor:
     dev = next(model.parameters()).device
     return warper.probs(model(input_ids=torch.tensor([ids], device=dev)).logits[0, -1].float()).double().cpu()

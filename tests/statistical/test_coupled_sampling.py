@@ -33,7 +33,9 @@ def run(target, warper: Warper, n: int = N) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("warper", [Warper(1.0), Warper(0.8, top_p=0.9, top_k=4)], ids=["t1", "t0.8-topp0.9-topk4"])
-def test_coupled_ar_matches_target(target, warper):
+@pytest.mark.parametrize("on", ["target", "compiled_target"], ids=["stock", "compiled"])
+def test_coupled_ar_matches_target(on, warper, request):
+    target = request.getfixturevalue(on)
     pval, tv, bound = check(run(target, warper), exact_joint(target.model, warper))
     assert pval > 1e-3, f"chi-square rejects: p={pval:.2e}, TV={tv:.4f}"
     assert tv < bound, f"TV {tv:.4f} above the bound {bound:.4f}"

@@ -33,7 +33,10 @@ def run(target, warper: Warper) -> torch.Tensor:
     return counts
 
 
-def test_self_spec_sampling_matches_target(target):
+@pytest.mark.parametrize("on", ["target", "compiled_target"], ids=["stock", "compiled"])
+def test_self_spec_sampling_matches_target(on, request):
+    """On ``compiled``, the draft runs eagerly on the static cache and verification is compiled."""
+    target = request.getfixturevalue(on)
     warper = Warper(0.8, top_k=4)  # drafts from the warped q: the rule must be told that q
     pval, tv, bound = check(run(target, warper), exact_joint(target.model, warper))
     assert pval > 1e-3, f"chi-square rejects: p={pval:.2e}, TV={tv:.4f}"

@@ -104,8 +104,10 @@ def add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool =
     p.add_argument("--kernels", default=os.environ.get("SELFSPEC_KERNELS") or "auto", type=kernels_arg(many),
                    help="linear-layer backend: auto (default, or $SELFSPEC_KERNELS: the fp32 backend that decodes "
                         "fastest here, chosen with the method, measured once and cached), stock (PyTorch's "
-                        "kernels), onednn (fp32 prepacked, CPU) or int8 (QUANTISED model: lossless w.r.t. the "
-                        "int8 model, not the fp32 one)"
+                        "kernels), onednn (fp32 prepacked, CPU), int8 (QUANTISED model: lossless w.r.t. the "
+                        "int8 model, not the fp32 one) or compiled (stock kernels, verification through a "
+                        "static-shape step under torch.compile: each block size compiles once, minutes on a "
+                        "small CPU, cached in $SELFSPEC_HOME/compile; lossless w.r.t. ar on it)"
                         + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     p.add_argument("--threads", type=threads_arg, default=None, help=THREADS_HELP)

@@ -34,17 +34,21 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
     now = state.clock
     t0 = now(None)
     prompt = torch.tensor(state.ids, dtype=torch.long)
-    out = model(
-        input_ids=prompt.to(device)[None],
-        **kv_cache.cache_arg(model, state.cache),
-        use_cache=True,
-        output_hidden_states=drafter.needs_hidden,
-        logits_to_keep=1,
-    )
-    logits = out.logits[0, -1].float()
+    if state.step is not None:  # the compiled backend's static cache (the prompt runs eagerly)
+        block = state.step.prefill(state.cache, prompt, drafter.needs_hidden)
+        logits, hidden = block.logits[-1], block.hidden
+    else:
+        out = model(
+            input_ids=prompt.to(device)[None],
+            **kv_cache.cache_arg(model, state.cache),
+            use_cache=True,
+            output_hidden_states=drafter.needs_hidden,
+            logits_to_keep=1,
+        )
+        logits = out.logits[0, -1].float()
+        hidden = tuple(h[0] for h in out.hidden_states) if drafter.needs_hidden else None
     first = choose_token(state, logits)
     state.stats.prefill_s += now(device) - t0
-    hidden = tuple(h[0] for h in out.hidden_states) if drafter.needs_hidden else None
     kept = state.commit([first])
     state.stats.record(0, 0, len(kept))
     t1 = now(None)

@@ -103,7 +103,8 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
     device = next(model.parameters()).device
     t = len(tokens)
     block = torch.ones(t, t, dtype=torch.bool).tril()
-    mask = build_mask(position, block, model.config._attn_implementation, model.dtype, device)
+    mask = build_mask(position, block, model.config._attn_implementation, model.dtype, device,
+                      kv_cache.capacity(cache))  # a static cache's (compiled backend), else None
     kwargs = dict(input_ids=torch.tensor([tokens], device=device),
                   position_ids=torch.arange(position, position + t, device=device)[None], attention_mask=mask,
                   **kv_cache.cache_arg(model, cache), use_cache=True)

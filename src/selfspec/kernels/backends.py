@@ -9,11 +9,20 @@ from __future__ import annotations
 from torch import nn
 
 from .bf16 import Bf16Linear
+from .gqa_attention import STATIC_NAME
 from .int8 import Int8Linear
 from .int8 import apply as apply_int8
 from .onednn import OneDNNLinear
 from .onednn import apply as apply_onednn
-from .swap import KernelState, SwappedLinear, original_of, restore_attention, restore_linears, swap_linears
+from .swap import (
+    KernelState,
+    SwappedLinear,
+    original_of,
+    restore_attention,
+    restore_linears,
+    swap_linears,
+    use_attention,
+)
 
 
 def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: KernelState | None = None) -> None:
@@ -29,6 +38,8 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: Kerne
         apply_onednn(model, keep, state)
     elif kernels == "int8":
         apply_int8(model, keep, state)
+    elif kernels == "compiled" and model.config._attn_implementation == "sdpa":
+        use_attention(model, STATIC_NAME, state)  # attends over the static cache without copying KV heads
 
 
 def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:

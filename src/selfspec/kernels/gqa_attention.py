@@ -18,6 +18,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "selfspec_gqa_sdpa"
+STATIC_NAME = "selfspec_static_sdpa"
 
 
 def gqa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -36,4 +37,20 @@ def gqa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     return out.transpose(1, 2).contiguous(), None
 
 
+def static_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                             **kwargs) -> tuple[torch.Tensor, None]:
+    """The ``compiled`` backend's attention: every block (one token included) attends over the
+    whole static cache through its ``[B, 1, T, capacity]`` mask, so the repeated KV heads of
+    the stock path would copy the whole capacity per layer per step; this never copies them.
+    Shapes as :func:`gqa_attention_forward`."""
+    if kwargs.get("softcap") is not None or attention_mask is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                         enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
 AttentionInterface.register(NAME, gqa_attention_forward)
+AttentionInterface.register(STATIC_NAME, static_attention_forward)

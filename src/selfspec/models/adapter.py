@@ -16,8 +16,9 @@ from ..core import kv_cache
 from ..errors import SelfspecError
 
 # attention functions that take boolean 4-D masks: HF's sdpa and the kernels backends' own
-# (kernels.rowwise_attention.NAME, kernels.gqa_attention.NAME; not imported: they register on import)
-BOOL_MASK_IMPLS = ("sdpa", "selfspec_rowwise", "selfspec_gqa_sdpa")
+# (kernels.rowwise_attention.NAME, kernels.gqa_attention.NAME and STATIC_NAME; not imported: they
+# register on import)
+BOOL_MASK_IMPLS = ("sdpa", "selfspec_rowwise", "selfspec_gqa_sdpa", "selfspec_static_sdpa")
 
 
 @dataclass(frozen=True)
@@ -35,16 +36,19 @@ class BlockOutput:
 
 
 def build_mask(base: int, block_mask: torch.Tensor, attn_impl: str, dtype: torch.dtype,
-               device: torch.device) -> torch.Tensor:
-    """A ``[1, 1, T, base + T]`` mask: every new token sees the whole cached prefix, and
-    ``block_mask[i, j]`` says whether new token i sees new token j.
+               device: torch.device, width: int | None = None) -> torch.Tensor:
+    """A ``[1, 1, T, width]`` mask (``width`` defaults to ``base + T``, a growing cache's
+    length; a static cache's is its capacity): every new token sees the whole cached prefix,
+    ``block_mask[i, j]`` says whether new token i sees new token j, and nothing after the
+    block is seen.
 
     Boolean (True = attend) for sdpa and the int8 backend's row-wise attention; additive (0 or
     dtype-min) for eager attention.
     """
     t = block_mask.shape[0]
-    full = torch.ones(t, base + t, dtype=torch.bool, device=device)
-    full[:, base:] = block_mask.to(device)
+    full = torch.zeros(t, width or base + t, dtype=torch.bool, device=device)
+    full[:, :base] = True
+    full[:, base:base + t] = block_mask.to(device)
     full = full[None, None]
     if attn_impl in BOOL_MASK_IMPLS:
         return full

@@ -1,0 +1,151 @@
+"""The ``compiled`` backend's static-shape step: buckets, the padded mask, the static cache's
+rollback (commit of a tree branch equals recomputing), and end to end under ``torch.compile``:
+``ar`` on it equals ``transformers`` ``generate``, and drafts right for exactly j tokens give
+``ar``'s ids on the same backend. The backend's column of the full method matrix is in
+``tests/decoding/test_greedy_equivalence.py`` (``matrix`` tier)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import selfspec
+from selfspec.core import kv_cache
+from selfspec.core.tree import DraftTree
+from selfspec.drafters.scripted import ScriptedDrafter
+from selfspec.models import compiled_step
+from selfspec.models.adapter import forward_block
+from selfspec.models.compiled_step import StaticStep, bucket, capacity_for, padded_mask
+from selfspec.models.loading import load_model
+
+from ..conftest import VOCAB, prompt_ids, tiny_model
+
+TREE = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16, 17]), torch.tensor([-1, 0, 0, 1, 2, 2, 5]))
+
+
+def test_buckets_and_capacity():
+    assert [bucket(t) for t in (1, 2, 3, 5, 8, 9, 100, 128, 129, 300)] == [1, 2, 4, 8, 8, 16, 128, 128, 256, 384]
+    with pytest.raises(ValueError):
+        bucket(0)
+    low = compiled_step.MIN_CAPACITY
+    assert capacity_for(10) == low
+    assert capacity_for(low - compiled_step.HEADROOM) == low
+    assert capacity_for(low - compiled_step.HEADROOM + 1) == 2 * low
+
+
+def test_padded_mask_rows():
+    block = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    m = padded_mask(5, block, 3, 4, 16, "sdpa", torch.float32, torch.device("cpu"))[0, 0]
+    assert m.shape == (4, 16)
+    assert m[:, :5].all()  # everyone sees the prefix
+    assert torch.equal(m[:3, 5:8], block)
+    assert not m[:3, 8:].any()
+    assert m[3, 8] and m[3, 5:].sum() == 1  # the padded row sees itself only
+    causal = padded_mask(0, None, 2, 2, 4, "eager", torch.float32, torch.device("cpu"))[0, 0]
+    assert causal[0, 1] == torch.finfo(torch.float32).min and causal[1, 1] == 0 and causal[1, 0] == 0
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def model(request):
+    return tiny_model(request.param)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("path", TREE.paths + [[0, 2], [0]])
+def test_static_commit_equals_recompute(model, path):
+    """A tree through the padded static step (7 nodes -> 8 rows), the branch committed by moving
+    rows down in the static cache: the next step's logits equal a cache recomputed from scratch."""
+    step = StaticStep(model, compile=False)
+    prefix = torch.arange(20, 29)
+    base = len(prefix)
+    cache = kv_cache.new_cache(model.config, capacity=64)
+    assert kv_cache.is_static(cache) and kv_cache.capacity(cache) == 64
+    step.forward(cache, prefix, torch.arange(base), None, False)
+    out = step.forward(cache, TREE.tokens, TREE.depths + base, TREE.ancestor_mask, False)
+    assert out.logits.shape[0] == TREE.size and kv_cache.cache_length(cache) == base + TREE.size
+    kv_cache.commit(cache, base, path)
+    assert kv_cache.cache_length(cache) == base + len(path)
+    ref = kv_cache.new_cache(model.config)
+    forward_block(model, ref, torch.cat([prefix, TREE.tokens[path]]), torch.arange(base + len(path)), None)
+    nxt, pos = torch.tensor([5]), torch.tensor([base + len(path)])
+    torch.testing.assert_close(step.forward(cache, nxt, pos, None, False).logits,
+                               forward_block(model, ref, nxt, pos, None).logits, atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+def test_padding_leaves_real_rows_and_hidden_states(model):
+    """3 tokens padded to 4 give the unpadded dynamic forward's logits and hidden states."""
+    step = StaticStep(model, compile=False)
+    prefix, block = torch.arange(30, 40), torch.tensor([7, 8, 9])
+    static, dynamic = kv_cache.new_cache(model.config, capacity=32), kv_cache.new_cache(model.config)
+    for cache, fwd in ((static, step.forward), (dynamic, lambda *a: forward_block(model, *a))):
+        fwd(cache, prefix, torch.arange(10), None, False)
+    a = step.forward(static, block, torch.arange(10, 13), None, True)
+    b = forward_block(model, dynamic, block, torch.arange(10, 13), None, True)
+    torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+    assert len(a.hidden) == len(b.hidden)
+    for x, y in zip(a.hidden, b.hidden):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def test_overflowing_block_is_refused():
+    model = tiny_model("llama")
+    cache = kv_cache.new_cache(model.config, capacity=8)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="overflows"):
+        StaticStep(model, compile=False).forward(cache, torch.arange(4, 13), torch.arange(9), None, False)
+
+
+def test_compile_cache_dir(monkeypatch, tmp_path):
+    """Under SELFSPEC_HOME unless the user named a directory; torch's own default does not count."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert compiled_step.compile_cache_dir() == str(tmp_path / "home" / "compile")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compiled_step.compile_cache_dir() == str(tmp_path / "mine")
+    with compiled_step.inductor_cache(str(tmp_path / "x")):
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "x")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+# End to end under torch.compile: one loaded model for the module, so its graphs are compiled once.
+MAX_NEW, K = 23, 4
+PROMPTS = [prompt_ids(s, n) for s, n in [(1, 5), (3, 40)]]
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny_dir):
+    t = load_model(str(tiny_dir), kernels="compiled")
+    assert t.backend == "compiled" and t.step is not None and t.step.compile
+    return t
+
+
+@pytest.fixture(scope="module")
+def ar_ids(compiled):
+    g = selfspec.load(compiled, method="ar", self_test=False)
+    return [g.generate(p, max_new_tokens=MAX_NEW, chat=False).token_ids for p in PROMPTS]
+
+
+def test_ar_on_compiled_matches_generate(compiled, ar_ids):
+    for p, ids in zip(PROMPTS, ar_ids):
+        out = compiled.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                      do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+        assert ids == out[0, len(p):].tolist()
+    assert (1, capacity_for(len(PROMPTS[0]) + MAX_NEW), False) in compiled.step.compiled
+
+
+# chains (8-token blocks) here; trees (16-token blocks: another compile) in the matrix tier
+@pytest.mark.parametrize("tree", [False, pytest.param(True, marks=pytest.mark.matrix)], ids=["chain", "tree"])
+@pytest.mark.parametrize("j", [0, 2, K])
+def test_drafts_right_for_exactly_j_on_compiled(compiled, ar_ids, j, tree):
+    g = selfspec.load(compiled, method="ar", self_test=False)
+    for p, ref in zip(PROMPTS, ar_ids):
+        g.drafter = ScriptedDrafter(ref, K, j, VOCAB, tree=tree)
+        r = g.generate(p, max_new_tokens=MAX_NEW, chat=False)
+        assert r.token_ids == ref
+        assert r.kernels == "compiled"
+        if ref[-1] != 2 and len(ref) == MAX_NEW:  # no early EOS: accepted counts are exact
+            assert all(c == j + 1 for c in r.committed_per_step[1:-1]), r.committed_per_step
