@@ -149,3 +149,13 @@ def test_drafts_right_for_exactly_j_on_compiled(compiled, ar_ids, j, tree):
         assert r.kernels == "compiled"
         if ref[-1] != 2 and len(ref) == MAX_NEW:  # no early EOS: accepted counts are exact
             assert all(c == j + 1 for c in r.committed_per_step[1:-1]), r.committed_per_step
+
+
+def test_load_time_self_test_passes_on_the_compiled_backend(tiny_dir):
+    """The backend's attention (KV heads shared over the static cache) also serves the eager
+    forwards on growing caches (the tree self-test, cost profiles), causal when given no mask."""
+    from selfspec.models.selftest import tree_self_test
+
+    t = load_model(str(tiny_dir), kernels="compiled")
+    assert t.model.config._attn_implementation == "selfspec_static_sdpa"
+    assert tree_self_test(t.model) < 1e-4

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import SelfspecError
+from ..models.compiled_step import capacity_for
 from ..paths import check_output_dir
 from .datasets import Prompt, load_dataset
 from .llamacpp import LLAMA_PEERS, LlamaCppPeer, PeerFailure, expand_peers, model_gguf, require_llama_cpp
@@ -242,11 +243,21 @@ def load_contenders(b: BenchRun) -> None:
     (b.out / "meta.json").write_text(json.dumps(b.meta, indent=1))
 
 
+WARM_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
+"""Block sizes compiled before timing on the ``compiled`` backend (a larger one compiles when met)."""
+
+
 def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
     """Every method and peer once on a short generation; the llama.cpp peers started (returned)."""
     args, warm, short = b.args, b.prompts[0], min(16, b.args.max_new_tokens)
     for g in b.generators.values():
         g.generate(b.prompt_ids(warm), **dict(b.gen, max_new_tokens=short))
+        if g.target.step is not None:  # compiled: every block size a method proposes compiled before timing
+            longest = max(len(b.prompt_ids(p)) for p in b.prompts)
+            sizes = (1,) if g.method == "ar" else WARM_BLOCKS
+            s = g.target.step.warm_up(capacity_for(longest + args.max_new_tokens), sizes, g.drafter.needs_hidden)
+            print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} in {s:.0f} s",
+                  file=sys.stderr)
     b.target.use_kernels("stock", keep=True)  # peers run the model as transformers loads it (fp32, stock)
     llama_peers: dict[str, LlamaCppPeer] = {}
     if b.llama_names:

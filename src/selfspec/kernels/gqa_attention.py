@@ -1,4 +1,4 @@
-"""Verify-block attention without copying the KV cache (the ``onednn`` backend uses it).
+"""Verify-block attention without copying the KV cache (the ``onednn`` and ``compiled`` backends).
 
 For a block of several new tokens after a cached prefix, ``transformers``' sdpa path repeats
 every KV head for its query heads (a copy of the whole cache per layer per step, ~10% of a
@@ -6,8 +6,12 @@ verify step of Qwen2.5-1.5B here). This calls ``scaled_dot_product_attention`` w
 ``enable_gqa=True`` instead. One-token decoding and the prompt forward go through the stock
 path unchanged, so ``ar`` computes exactly what ``transformers`` computes.
 
-Registered with ``transformers.AttentionInterface`` under :data:`NAME` (no mask function: the
-model passes ``attention_mask=None`` for plain causal blocks and our 4-D boolean masks as is).
+The ``compiled`` backend's static cache is attended through a mask as wide as its capacity at
+every step, one-token steps included: :data:`STATIC_NAME` shares KV heads for those too.
+
+Registered with ``transformers.AttentionInterface`` under :data:`NAME` and :data:`STATIC_NAME`
+(no mask function: the model passes ``attention_mask=None`` for plain causal blocks and our 4-D
+boolean masks as is).
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ NAME = "selfspec_gqa_sdpa"
 STATIC_NAME = "selfspec_static_sdpa"
 
 
-def gqa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                          **kwargs) -> tuple[torch.Tensor, None]:
-    """HF attention function. Shapes: ``query[B, Hq, T, D]``, ``key/value[B, Hkv, N, D]``,
-    ``attention_mask`` None (causal) or ``[B, 1, T, N]``. Returns ``[B, T, Hq, D]``."""
+def _shared_heads_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float, scaling: float | None,
+                            every_masked_block: bool, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention with ``enable_gqa`` (no repeated KV heads) for blocks of several new tokens after
+    a cached prefix, and, with ``every_masked_block``, for every block given a mask (one token
+    included); the stock sdpa path otherwise. Shapes: ``query[B, Hq, T, D]``,
+    ``key/value[B, Hkv, N, D]``, ``attention_mask`` None (causal) or ``[B, 1, T, N]``.
+    Returns ``[B, T, Hq, D]``."""
     t, n = query.shape[2], key.shape[2]
-    if t == 1 or t == n or kwargs.get("softcap") is not None:
+    plain = t == 1 or t == n
+    if kwargs.get("softcap") is not None or (plain and (attention_mask is None or not every_masked_block)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if attention_mask is None:  # causal, aligned to the end of the cache
@@ -37,19 +45,23 @@ def gqa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     return out.transpose(1, 2).contiguous(), None
 
 
+def gqa_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                          **kwargs) -> tuple[torch.Tensor, None]:
+    """The ``onednn`` backend's attention (HF attention function): verify blocks share KV heads;
+    one-token decoding and the prompt forward take the stock path, so ``ar`` computes exactly
+    what ``transformers`` computes."""
+    return _shared_heads_attention(module, query, key, value, attention_mask, dropout, scaling, False, **kwargs)
+
+
 def static_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                              **kwargs) -> tuple[torch.Tensor, None]:
     """The ``compiled`` backend's attention: every block (one token included) attends over the
-    whole static cache through its ``[B, 1, T, capacity]`` mask, so the repeated KV heads of
-    the stock path would copy the whole capacity per layer per step; this never copies them.
-    Shapes as :func:`gqa_attention_forward`."""
-    if kwargs.get("softcap") is not None or attention_mask is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                         enable_gqa=key.shape[1] != query.shape[1])
-    return out.transpose(1, 2).contiguous(), None
+    whole static cache through its ``[B, 1, T, capacity]`` mask, where the stock path's repeated
+    KV heads would copy the whole capacity per layer per step. Eager forwards on growing caches
+    (the tree self-test, cost profiles) get a causal mask when given none."""
+    return _shared_heads_attention(module, query, key, value, attention_mask, dropout, scaling, True, **kwargs)
 
 
 AttentionInterface.register(NAME, gqa_attention_forward)

@@ -1,0 +1,76 @@
+"""What one verify forward costs on the ``compiled`` backend's static-shape step (issue 34).
+
+Times a one-token step of the bundled SmolLM2 (fp32, stock linear layers) after a ``--context``
+token prefix four ways, interleaved over ``--rounds`` rounds, medians: eager on the growing cache
+(what every eager backend runs), the padded static-shape step eager and compiled, on each static
+capacity given. The model is loaded on the ``compiled`` backend (its attention shares KV heads
+over the static cache). Compiles are cached in ``$SELFSPEC_HOME/compile``.
+
+    python experiments/compiled_step_probe.py --capacities 1024,512 --threads 2,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--capacities", default="512")
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--context", type=int, default=150)
+    ap.add_argument("--rounds", type=int, default=40)
+    args = ap.parse_args(argv)
+    from selfspec.core import kv_cache
+    from selfspec.core.machine import cpu_flags
+    from selfspec.models.adapter import forward_block
+    from selfspec.models.compiled_step import StaticStep
+    from selfspec.models.loading import load_model
+
+    model = load_model(args.model, kernels="compiled").model
+    ctx, one, pos = args.context, torch.tensor([5]), torch.tensor([args.context])
+    fns = {}
+    with torch.inference_mode():
+        prefix = torch.randint(100, model.config.vocab_size, (ctx,), generator=torch.Generator().manual_seed(0))
+        dyn = kv_cache.new_cache(model.config)
+        forward_block(model, dyn, prefix, torch.arange(ctx), None)
+
+        def eager() -> None:
+            forward_block(model, dyn, one, pos, None)
+            kv_cache.truncate(dyn, ctx)
+
+        fns["eager, growing cache"] = eager
+        for cap in (int(c) for c in args.capacities.split(",")):
+            for compiled in (False, True):
+                step, cache = StaticStep(model, compile=compiled), kv_cache.new_cache(model.config, capacity=cap)
+                step.prefill(cache, prefix, False)
+                step.forward(cache, one, pos, None, False)  # compiles (or loads the compiled graph)
+                kv_cache.truncate(cache, ctx)
+
+                def run(step=step, cache=cache) -> None:
+                    step.forward(cache, one, pos, None, False)
+                    kv_cache.truncate(cache, ctx)
+
+                fns[f"static {cap}, {'compiled' if compiled else 'eager'}"] = run
+        out = {"command": " ".join(sys.argv), "cpu_flags": cpu_flags(), "context": ctx, "ms": {}}
+        for th in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(th)
+            samples: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(args.rounds):
+                for k, f in fns.items():
+                    t0 = time.perf_counter()
+                    f()
+                    samples[k].append(time.perf_counter() - t0)
+            out["ms"][f"threads={th}"] = {k: round(sorted(v)[len(v) // 2] * 1000, 1) for k, v in samples.items()}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
