@@ -1,12 +1,13 @@
 """What one verify forward costs on the ``compiled`` backend's static-shape step (issue 34).
 
-Times a one-token step of the bundled SmolLM2 (fp32, stock linear layers) after a ``--context``
-token prefix four ways, interleaved over ``--rounds`` rounds, medians: eager on the growing cache
-(what every eager backend runs), the padded static-shape step eager and compiled, on each static
-capacity given. The model is loaded on the ``compiled`` backend (its attention shares KV heads
-over the static cache). Compiles are cached in ``$SELFSPEC_HOME/compile``.
+Times a verify step of each of ``--blocks`` sizes q of the bundled SmolLM2 (fp32, stock linear
+layers) after a ``--context`` token prefix, several ways, interleaved over ``--rounds`` rounds,
+medians: eager on the growing cache (what every eager backend runs), and the padded static-shape
+step eager and compiled, on each static capacity given. The model is loaded on the ``compiled``
+backend (its attention shares KV heads over the static cache). Compiles are cached in
+``$SELFSPEC_HOME/compile``.
 
-    python experiments/compiled_step_probe.py --capacities 1024,512 --threads 2,1
+    python experiments/compiled_step_probe.py --capacities 1024,512 --threads 2,1 --blocks 1,8
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="2")
     ap.add_argument("--context", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--blocks", default="1", help="comma-separated verify block sizes (T(q) for each q)")
     args = ap.parse_args(argv)
     from selfspec.core import kv_cache
     from selfspec.core.machine import cpu_flags
@@ -34,30 +36,34 @@ def main(argv: list[str] | None = None) -> int:
     from selfspec.models.loading import load_model
 
     model = load_model(args.model, kernels="compiled").model
-    ctx, one, pos = args.context, torch.tensor([5]), torch.tensor([args.context])
+    ctx = args.context
     fns = {}
     with torch.inference_mode():
         prefix = torch.randint(100, model.config.vocab_size, (ctx,), generator=torch.Generator().manual_seed(0))
         dyn = kv_cache.new_cache(model.config)
         forward_block(model, dyn, prefix, torch.arange(ctx), None)
 
-        def eager() -> None:
-            forward_block(model, dyn, one, pos, None)
-            kv_cache.truncate(dyn, ctx)
-
-        fns["eager, growing cache"] = eager
+        steps = {}
         for cap in (int(c) for c in args.capacities.split(",")):
             for compiled in (False, True):
                 step, cache = StaticStep(model, compile=compiled), kv_cache.new_cache(model.config, capacity=cap)
                 step.prefill(cache, prefix, False)
-                step.forward(cache, one, pos, None, False)  # compiles (or loads the compiled graph)
-                kv_cache.truncate(cache, ctx)
+                steps[(cap, compiled)] = (step, cache)
+        for q in (int(b) for b in args.blocks.split(",")):
+            ids, pos = torch.full((q,), 5), torch.arange(ctx, ctx + q)
 
-                def run(step=step, cache=cache) -> None:
-                    step.forward(cache, one, pos, None, False)
+            def eager(ids=ids, pos=pos) -> None:
+                forward_block(model, dyn, ids, pos, None)
+                kv_cache.truncate(dyn, ctx)
+
+            fns[f"q={q}, eager, growing cache"] = eager
+            for (cap, compiled), (step, cache) in steps.items():
+                def run(step=step, cache=cache, ids=ids, pos=pos) -> None:
+                    step.forward(cache, ids, pos, None, False)
                     kv_cache.truncate(cache, ctx)
 
-                fns[f"static {cap}, {'compiled' if compiled else 'eager'}"] = run
+                run()  # compiles (or loads the compiled graph)
+                fns[f"q={q}, static {cap}, {'compiled' if compiled else 'eager'}"] = run
         out = {"command": " ".join(sys.argv), "cpu_flags": cpu_flags(), "context": ctx, "ms": {}}
         for th in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(th)

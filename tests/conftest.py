@@ -4,6 +4,7 @@ tokenizer, saved as local HF directories, and the real SmolLM2-135M (pulled once
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,10 @@ REAL_MODEL_THREADS = int(os.environ.get("SELFSPEC_TEST_THREADS", "1"))
 torch.set_num_threads(1)
 # Tests name their backend; those that test the product default (auto) unset this themselves.
 os.environ["SELFSPEC_KERNELS"] = "stock"
+# Compiled-backend tests share one Inductor cache (across test processes and pytest-xdist workers,
+# whose SELFSPEC_HOME differ): a graph compiled once is loaded, not compiled again, by the others.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), f"selfspec-tests-inductor-{os.getuid()}"))
 # The device and dtype of the tiny models in the tests that honour them (greedy equivalence, the
 # sampling tests): ``SELFSPEC_TEST_DEVICE=cuda`` runs them on a GPU (``scripts/gpu_check.sh``).
 # The CPU-only kernels backends (onednn, int8) are skipped on other devices.

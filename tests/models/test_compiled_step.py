@@ -20,7 +20,7 @@ from selfspec.models.adapter import forward_block
 from selfspec.models.compiled_step import StaticStep, bucket, capacity_for, padded_mask
 from selfspec.models.loading import load_model
 
-from ..conftest import VOCAB, prompt_ids, tiny_model
+from ..conftest import VOCAB, prompt_ids, save_tiny, tiny_model
 
 TREE = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16, 17]), torch.tensor([-1, 0, 0, 1, 2, 2, 5]))
 
@@ -117,8 +117,11 @@ PROMPTS = [prompt_ids(s, n) for s, n in [(1, 5), (3, 40)]]
 
 
 @pytest.fixture(scope="module")
-def compiled(tiny_dir):
-    t = load_model(str(tiny_dir), kernels="compiled")
+def compiled(tmp_path_factory):
+    """A one-layer Llama on the compiled backend: compile time grows with the layers traced, and
+    the default tier compiles two block sizes (the matrix tier runs the 3-layer models)."""
+    path = save_tiny(tmp_path_factory.mktemp("tiny-llama-1layer"), "llama", 0, layers=1)
+    t = load_model(str(path), kernels="compiled")
     assert t.backend == "compiled" and t.step is not None and t.step.compile
     return t
 
