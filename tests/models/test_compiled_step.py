@@ -15,6 +15,7 @@ import selfspec
 from selfspec.core import kv_cache
 from selfspec.core.tree import DraftTree
 from selfspec.drafters.scripted import ScriptedDrafter
+from selfspec.errors import SelfspecError
 from selfspec.models import compiled_step
 from selfspec.models.adapter import forward_block
 from selfspec.models.compiled_step import StaticStep, bucket, capacity_for, padded_mask
@@ -93,7 +94,7 @@ def test_padding_leaves_real_rows_and_hidden_states(model):
 def test_overflowing_block_is_refused():
     model = tiny_model("llama")
     cache = kv_cache.new_cache(model.config, capacity=8)
-    with torch.inference_mode(), pytest.raises(RuntimeError, match="overflows"):
+    with torch.inference_mode(), pytest.raises(SelfspecError, match="overflows.*--kernels stock"):
         StaticStep(model, compile=False).forward(cache, torch.arange(4, 13), torch.arange(9), None, False)
 
 

@@ -34,6 +34,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.timing import now
+from ..errors import SelfspecError
 from ..paths import writable_cache_dir
 from .adapter import BlockOutput, build_mask
 
@@ -201,7 +202,9 @@ class StaticStep:
         t = ids.numel()
         p = bucket(t)
         if base + p > width:
-            raise RuntimeError(f"a {p}-row block after {base} positions overflows the {width}-position static cache")
+            raise SelfspecError(f"a {t}-token verify block (padded to {p}) after {base} positions overflows the "
+                                f"{width}-position static cache of the compiled backend; draft trees of at most "
+                                f"{HEADROOM} tokens fit, or use --kernels stock")
         ids_p = torch.zeros(p, dtype=torch.long)
         ids_p[:t] = ids.cpu()
         pos_p = torch.full((p,), int(positions[-1]), dtype=torch.long)
