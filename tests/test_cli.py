@@ -33,6 +33,7 @@ def run(capsys, *argv):
     ["--kernels", "fast"],
     ["--kernels", "int8,stock"],
     ["--kernels", "onednn", "--dtype", "bfloat16"],
+    ["--kernels", "compiled"],  # the default method auto cannot calibrate on compiled kernels
     ["--method", "auto", "--k", "3"],
     ["--method", "auto", "--head", "somewhere"],
     ["--method", "pld", "--remeasure"],

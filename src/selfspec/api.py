@@ -21,7 +21,7 @@ from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
 from .errors import SelfspecError
 from .models.bundled import DEFAULT_MODEL
-from .models.compiled_step import capacity_for
+from .models.compiled_step import MIN_CAPACITY, capacity_for
 from .models.loading import LoadedModel, load_model
 from .models.selftest import keep_int8_promise, tree_self_test
 from .registry import AUTO, BASELINE, METHODS, BuildContext, method_config
@@ -314,6 +314,9 @@ def _load(model: str | LoadedModel, method: str, device: str | None, dtype: str 
     else:
         kernels = kernels or default_kernels()
         target = load_model(model, device, dtype, trust_remote_code, kernels="stock" if kernels == AUTO else kernels)
+    if method == AUTO and kernels == "compiled":
+        raise SelfspecError("method auto cannot calibrate on the compiled kernels (every block size compiles for a "
+                            "minute or more before it can be timed); name a method, e.g. --method ar or --method pld")
     if kernels != AUTO and kernels != target.backend:
         target.use_kernels(kernels)
     if self_test:
@@ -330,7 +333,10 @@ def _build(target: LoadedModel, method: str, options: dict, trust_remote_code: b
     ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code,
                        kernels=target.backend)
     spec = METHODS[method]
-    return SpeculativeGenerator(target, method, spec.build(target, method_config(method, options), ctx), spec.lossless)
+    drafter = spec.build(target, method_config(method, options), ctx)
+    if target.step is not None:  # compiled: the one-token step compiles (or loads from the cache) now, not mid-request
+        target.step.warm_up(MIN_CAPACITY, (1,), drafter.needs_hidden)
+    return SpeculativeGenerator(target, method, drafter, spec.lossless)
 
 
 def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, trust_remote_code: bool,

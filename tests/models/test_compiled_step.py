@@ -163,3 +163,8 @@ def test_load_time_self_test_passes_on_the_compiled_backend(tiny_dir):
     t = load_model(str(tiny_dir), kernels="compiled")
     assert t.model.config._attn_implementation == "selfspec_static_sdpa"
     assert tree_self_test(t.model) < 1e-4
+
+
+def test_auto_method_is_refused_on_compiled_kernels(tiny_dir):
+    with pytest.raises(SelfspecError, match="name a method"):
+        selfspec.load(str(tiny_dir), method="auto", kernels="compiled")

@@ -216,7 +216,8 @@ class StaticStep:
         fn = self._compiled_forward()
         if first:
             log.info(f"compiling the decode step for {p}-token blocks ({'with' if want_hidden else 'no'} hidden "
-                     f"states, {width}-position cache), cached in {self._dir or 'memory only'} ...")
+                     f"states, {width}-position cache; once per machine, then loaded from "
+                     f"{self._dir or 'nowhere: no writable cache directory'}) ...")
         t0 = now(None)
         with inductor_cache(self._dir):
             out = fn(
@@ -225,7 +226,7 @@ class StaticStep:
         if first:
             self.compiled.add(shape)
             self.compile_s[shape] = now(device) - t0
-            log.info(f"compiled the {p}-token step in {self.compile_s[shape]:.1f} s")
+            log.info(f"the {p}-token step is ready ({self.compile_s[shape]:.1f} s)")
         kv_cache.set_length(cache, base + t)
         hidden = tuple(h[0, :t] for h in out.hidden_states) if want_hidden else None
         return BlockOutput(out.logits[0, :t].float(), hidden)
