@@ -250,12 +250,14 @@ WARM_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
     """Every method and peer once on a short generation; the llama.cpp peers started (returned)."""
     args, warm, short = b.args, b.prompts[0], min(16, b.args.max_new_tokens)
+    capacity = None  # the static cache the longest prompt needs (compiled backend), found once
     for g in b.generators.values():
         g.generate(b.prompt_ids(warm), **dict(b.gen, max_new_tokens=short))
         if g.target.step is not None:  # compiled: every block size a method proposes compiled before timing
-            longest = max(len(b.prompt_ids(p)) for p in b.prompts)
+            if capacity is None:
+                capacity = capacity_for(max(len(b.prompt_ids(p)) for p in b.prompts) + args.max_new_tokens)
             sizes = (1,) if g.method == "ar" else WARM_BLOCKS
-            s = g.target.step.warm_up(capacity_for(longest + args.max_new_tokens), sizes, g.drafter.needs_hidden)
+            s = g.target.step.warm_up(capacity, sizes, g.drafter.needs_hidden)
             print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} in {s:.0f} s",
                   file=sys.stderr)
     b.target.use_kernels("stock", keep=True)  # peers run the model as transformers loads it (fp32, stock)

@@ -122,16 +122,20 @@ class StaticStep:
         model: the stock HF causal LM (its forward is compiled, the module is left as it is).
         compile: False runs the same padded static-shape step eagerly (tests of the padding and
             the static cache, and a baseline that isolates what compiling buys).
-        compiled: the shapes compiled so far in this process, ``(padded T, capacity, hidden)``.
-        compile_s: seconds the first call of each shape took (compile included), by shape.
+        compile_s: seconds the first call of each shape took (compile included), by shape
+            ``(padded T, capacity, hidden)``; its keys are the shapes compiled in this process.
     """
 
     model: torch.nn.Module
     compile: bool = True
-    compiled: set[tuple[int, int, bool]] = field(default_factory=set)
     compile_s: dict[tuple[int, int, bool], float] = field(default_factory=dict)
     _fn: object = field(default=None, repr=False)
     _dir: str | None = field(default=None, repr=False)
+
+    @property
+    def compiled(self) -> set[tuple[int, int, bool]]:
+        """The shapes compiled so far in this process."""
+        return set(self.compile_s)
 
     def _compiled_forward(self):
         if not self.compile:
@@ -151,7 +155,7 @@ class StaticStep:
         config = self.model.config
         device = next(self.model.parameters()).device
         for size in sorted({bucket(s) for s in sizes}):
-            if (size, capacity, want_hidden) in self.compiled or size > capacity:
+            if (size, capacity, want_hidden) in self.compile_s or size > capacity:
                 continue
             cache = kv_cache.new_cache(config, capacity)
             self.forward(cache, torch.full((size,), 4, dtype=torch.long), torch.arange(size), None, want_hidden)
@@ -212,7 +216,7 @@ class StaticStep:
         mask = padded_mask(base, block_mask.cpu() if block_mask is not None else None, t, p, width,
                            model.config._attn_implementation, model.dtype, device)
         shape = (p, width, want_hidden)
-        first = self.compile and shape not in self.compiled
+        first = self.compile and shape not in self.compile_s
         fn = self._compiled_forward()
         if first:
             log.info(f"compiling the decode step for {p}-token blocks ({'with' if want_hidden else 'no'} hidden "
@@ -224,7 +228,6 @@ class StaticStep:
                 input_ids=ids_p.to(device)[None], position_ids=pos_p.to(device)[None], attention_mask=mask,
                 **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden)
         if first:
-            self.compiled.add(shape)
             self.compile_s[shape] = now(device) - t0
             log.info(f"the {p}-token step is ready ({self.compile_s[shape]:.1f} s)")
         kv_cache.set_length(cache, base + t)
