@@ -10,7 +10,8 @@
   speculative sampling rule (Leviathan et al., Chen et al.); for deterministic drafts ``q_j`` is
   one-hot, so a draft is accepted with probability ``p(x)`` and rejected mass is removed from p.
   The output distribution equals the target's warped distribution (tested in
-  ``tests/core/test_acceptance_sampling.py``).
+  ``tests/statistical/test_lossless_sampling.py``). A chain is verified as tensor operations with
+  one transfer to the host per step; a tree walks its nodes on the host.
 """
 
 from __future__ import annotations
@@ -63,16 +64,14 @@ def accept_greedy(tree: DraftTree, target_logits: torch.Tensor) -> Verdict:
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``norm(max(p - q, 0))``; returns ``p`` unchanged if nothing is left (q dominates p).
+    """``norm(max(p - q, 0))`` along the last dim; returns ``p`` unchanged if nothing is left (q dominates p).
 
     The fallback can only be reached with probability zero (an exact ``p == q`` means the draft
     was accepted), but floating point can still land there, so it must not produce NaN.
     """
     r = (p - q).clamp_min(0.0)
-    s = r.sum()
-    if s <= 0:
-        return p
-    return r / s
+    s = r.sum(dim=-1, keepdim=True)
+    return torch.where(s > 0, r / s.clamp_min(torch.finfo(r.dtype).tiny), p)  # on the device: no host read
 
 
 def accept_sampling(
@@ -91,6 +90,8 @@ def accept_sampling(
             the drafter applied it to ``q``.
         generator: the request's RNG.
     """
+    if tree.is_chain:
+        return _accept_chain_sampling(tree, target_logits, warper, generator)
     tokens = tree.token_list
     node = 0
     path = [0]
@@ -116,6 +117,45 @@ def accept_sampling(
             p = _residual(p, q)
         else:
             return Verdict(path, sample(p, generator))
+
+
+def _accept_chain_sampling(
+    tree: DraftTree,
+    target_logits: torch.Tensor,
+    warper: Warper,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """:func:`accept_sampling` for a chain, as tensor operations on the logits' device with one
+    transfer to the host (the accepted count and the bonus token together): the same rule, with
+    the uniforms of every depth drawn at once (independent draws either way).
+
+    Args:
+        tree: a chain of N nodes (N - 1 drafts).
+        target_logits: ``[N, V]`` raw target logits at each node.
+    """
+    device = target_logits.device
+    p = warper.probs(target_logits)  # [N, V]
+    v = p.shape[-1]
+    x = tree.tokens[1:].to(device)  # [N - 1] the drafted tokens
+    px = p[:-1].gather(1, x[:, None])[:, 0]  # [N - 1] target probability of each draft
+    if tree.draft_probs is None:  # deterministic drafts: one-hot q
+        qx = torch.ones_like(px)
+    else:
+        q = tree.draft_probs[1:].to(p)  # [N - 1, V]
+        qx = q.gather(1, x[:, None])[:, 0]
+    u = torch.rand(x.numel(), generator=generator, device=device)
+    ok = (qx > 0) & (u * qx < px)  # accept with probability min(1, px / qx)
+    m = ok.long().cumprod(0).sum()  # accepted drafts: the leading run of acceptances
+    # the bonus comes from norm(max(p[m] - q_rejected, 0)); with every draft accepted, q = 0
+    rejected = (m < x.numel()).to(p.dtype)
+    xm = torch.cat([x, x.new_zeros(1)])[m]
+    if tree.draft_probs is None:
+        qm = torch.zeros(v, dtype=p.dtype, device=device).index_put_((xm.view(1),), rejected.view(1))
+    else:
+        qm = torch.cat([q, q.new_zeros(1, v)])[m]
+    bonus = torch.multinomial(_residual(p[m], qm), 1, generator=generator)
+    accepted, token = torch.stack([m, bonus[0]]).tolist()  # the one transfer
+    return Verdict(list(range(accepted + 1)), token)
 
 
 def tally_by_depth(proposed: list[int], accepted: list[int], depth: int, num_accepted: int) -> None:

@@ -126,10 +126,9 @@ def set_length(cache: StaticCache, length: int) -> None:
 
 def truncate(cache: DynamicCache | StaticCache, length: int) -> None:
     """Drop every cached position at or after ``length``."""
-    if is_static(cache):  # per layer: a draft that skipped a layer's attention left its length behind
-        for layer in cache.layers:
-            if int(layer.cumulative_length) > length:
-                layer.cumulative_length.fill_(length)
+    if is_static(cache):  # per layer, lowered only (a draft that skipped a layer's attention left it
+        for layer in cache.layers:  # behind), on the device: no read of the counter on the host
+            layer.cumulative_length.clamp_(max=length)
         return
     for layer in cache.layers:
         if layer.is_initialized and layer.keys.shape[-2] > length:

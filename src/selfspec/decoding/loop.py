@@ -58,9 +58,14 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
 
 
 def verify(state: DecodeState, model: torch.nn.Module, proposal: Proposal, want_hidden: bool) -> VerifyOutput:
-    """One target forward over the tree (and piggyback tokens), KV appended after ``base``."""
+    """One target forward over the tree (and piggyback tokens), KV appended after ``base``, the
+    committed tokens but the pending one (not read from a static cache: its length counter lives
+    on the device, and reading it would be a second transfer per step)."""
     tree, pig = proposal.tree, proposal.piggyback
-    base = kv_cache.cache_length(state.cache)
+    base = len(state.ids) - 1  # the cache holds every committed token but the pending one
+    if state.step is None and kv_cache.cache_length(state.cache) != base:  # a host int here: free to check
+        raise RuntimeError("before verifying, the cache holds "
+                           f"{kv_cache.cache_length(state.cache)} positions, not the {base} committed ones")
     ids = tree.tokens
     positions = tree.depths + base
     block = None
@@ -75,7 +80,7 @@ def verify(state: DecodeState, model: torch.nn.Module, proposal: Proposal, want_
             ids = torch.cat([ids, pig.tokens])
             positions = torch.cat([positions, pig.positions])
     if state.step is not None:  # the compiled backend: padded to a static shape
-        out = state.step.forward(state.cache, ids, positions, block, want_hidden)
+        out = state.step.forward(state.cache, ids, positions, block, want_hidden, base)
     else:
         out = forward_block(model, state.cache, ids, positions, block, want_hidden)
     n = tree.size

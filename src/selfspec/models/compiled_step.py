@@ -185,7 +185,7 @@ class StaticStep:
         return BlockOutput(out.logits[0].float(), hidden)
 
     def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None,
-                want_hidden: bool) -> BlockOutput:
+                want_hidden: bool, base: int | None = None) -> BlockOutput:
         """Run ``T`` new tokens after the cached prefix, padded to :func:`bucket` ``(T)``; their KV
         is appended to the static ``cache`` (its length grows by exactly ``T``).
 
@@ -195,13 +195,18 @@ class StaticStep:
             positions: ``[T]`` int64 position ids.
             block_mask: ``[T, T]`` bool visibility among the new tokens, or None for causal.
             want_hidden: also return every layer's hidden states.
+            base: the cache's length when the caller knows it (the decode loop does): reading
+                the static cache's length counter is a device-to-host transfer.
 
         Returns:
             the :class:`~selfspec.models.adapter.BlockOutput` of the ``T`` real tokens.
         """
         model = self.model
         device = next(model.parameters()).device
-        base = kv_cache.cache_length(cache)
+        if base is None:
+            base = kv_cache.cache_length(cache)
+        else:  # the block is written at base whatever a draft left in the cache past it
+            kv_cache.set_length(cache, base)
         width = kv_cache.capacity(cache)
         t = ids.numel()
         p = bucket(t)
