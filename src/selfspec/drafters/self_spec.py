@@ -156,7 +156,7 @@ class SelfSpecDrafter(LearnedState):
         k = rule.max_draft(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
-        base = kv_cache.cache_length(state.cache)
+        base = len(state.ids) - 1  # the committed cache (not read from a static cache's device counter)
         det = state.deterministic  # greedy, or coupled: the same Gumbel noise as the target's
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
