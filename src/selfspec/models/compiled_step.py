@@ -225,7 +225,7 @@ class StaticStep:
         fn = self._compiled_forward()
         if first:
             log.info(f"compiling the decode step for {p}-token blocks ({'with' if want_hidden else 'no'} hidden "
-                     f"states, {width}-position cache; once per machine, then loaded from "
+                     f"states, {width}-position cache; once per machine and thread count, then loaded from "
                      f"{self._dir or 'nowhere: no writable cache directory'}) ...")
         t0 = now(None)
         with inductor_cache(self._dir):
