@@ -164,3 +164,24 @@ def test_contended_runs_are_recorded_and_flagged(tiny_dir, dataset, tmp_path, mo
     assert "**Contended: the machine was busy" in md and "ar 3/3, pld 3/3" in md
     busy = [line for line in capsys.readouterr().err.splitlines() if "machine was busy during the timing" in line]
     assert len(busy) == 1 and busy[0].endswith("try --threads 1 (now 2)")  # the advice that helps
+
+
+def test_compiled_steps_are_warmed_up_for_every_cache_size_the_prompts_need(tiny_dir, tmp_path, monkeypatch):
+    """A short and a long prompt need 512- and 1024-position static caches: both are compiled
+    before timing (not only the longest prompt's), so no timed run pays a compile. The step runs
+    eagerly here (what is tested is which shapes the bench asks for)."""
+    from selfspec.bench.runner import WARM_BLOCKS
+    from selfspec.models.compiled_step import StaticStep
+
+    calls = []
+    real = StaticStep.warm_up
+    monkeypatch.setattr(StaticStep, "_compiled_forward", lambda self: self.model.forward)
+    monkeypatch.setattr(StaticStep, "warm_up", lambda self, capacity, sizes, want_hidden:
+                        calls.append((capacity, len(sizes))) or real(self, capacity, sizes, want_hidden))
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": "short", "category": "a", "prompt": "w1 w2 w3", "chat": False},
+            {"id": "long", "category": "a", "prompt": " ".join(f"w{i % 90}" for i in range(420)), "chat": False}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["bench", "--model", str(tiny_dir), "--methods", "pld", "--kernels", "compiled", "--dataset", str(path),
+                 "--max-new-tokens", "8", "--out", str(tmp_path / "run")]) == 0
+    assert {(512, len(WARM_BLOCKS)), (1024, len(WARM_BLOCKS))} <= set(calls), calls
