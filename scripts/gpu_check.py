@@ -190,7 +190,8 @@ class BackgroundTests:
             targets, marker = ["tests/drafters/test_scripted.py::test_same_seed_same_draws"], ""
         else:
             targets = ["tests/decoding/test_greedy_equivalence.py", "tests/drafters/test_scripted.py",
-                       "tests/decoding/test_coupled_sampling.py", "tests/statistical"]
+                       "tests/decoding/test_coupled_sampling.py", "tests/decoding/test_host_reads.py",
+                       "tests/statistical"]
             marker = "not (slow or real_model)"
         cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", marker, "--junitxml",
                str(self.xml), "-rfE", "--timeout", "300", *targets]

@@ -3,7 +3,9 @@
 :class:`~tests.decoding.host_reads.HostReads` counts reads of device-resident values on the host
 (a sync each on a GPU). The drafter's own work (propose, observe) is not counted: these tests
 pin the loop's verify, accept and commit, on the growing cache and on the compiled backend's
-static cache (its padded step run eagerly: the loop's code is the same).
+static cache (its padded step run eagerly: the loop's code is the same). With
+``SELFSPEC_TEST_DEVICE=cuda`` (``scripts/gpu_check.sh``) the same counts hold on a GPU, where
+each read is a real sync.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import selfspec
 from selfspec.drafters.scripted import ScriptedDrafter
 from selfspec.models.loading import load_model
 
-from ..conftest import VOCAB, prompt_ids
+from ..conftest import TEST_DEVICE, VOCAB, prompt_ids
 from .host_reads import HostReads
 from .wrapped import Wrapped
 
@@ -64,7 +66,7 @@ def test_host_reads_counts_reads_of_device_values_only():
 
 @pytest.fixture(scope="module", params=["stock", "compiled"])
 def target(request, tiny_dir):
-    t = load_model(str(tiny_dir), kernels=request.param)
+    t = load_model(str(tiny_dir), device=TEST_DEVICE, kernels=request.param)
     if t.step is not None:
         t.step.compile = False  # the static-shape step, eagerly: what is counted is the loop around it
     return t
