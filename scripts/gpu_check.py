@@ -342,6 +342,42 @@ def best_k(prof, p: float, tree: bool, k_max: int) -> tuple[int, float]:
     return best
 
 
+def compiled_speed(args, target, prompt: list[int], ref: list[int], prof, ar_rate: float, max_new: int,
+                   reps: int, probs: tuple[float, ...], vocab: int) -> dict:
+    """``ar`` and the oracle chain on the compiled static-shape step (CUDA graphs on a GPU): the
+    compile seconds of each block size, tokens/s against eager ``ar`` and ids against its."""
+    import selfspec
+    from selfspec.drafters.scripted import ScriptedDrafter
+
+    res: dict = {}
+    try:
+        t0 = time.perf_counter()
+        gen = selfspec.load(target, "ar", kernels="compiled", self_test=False)
+        ids, rate, _, step, _ = timed_generate(gen, prompt, max_new, reps)
+        res["ar"] = {"tok_s": round(rate, 1), "vs_eager_ar": round(rate / ar_rate, 3), "step_ms": round(1e3 * step, 3),
+                     "identical": ids == ref, "first_call_s": round(time.perf_counter() - t0, 1)}
+        log(f"speed compiled: ar {rate:.1f} tok/s ({rate / ar_rate:.2f}x eager ar), ids equal: {ids == ref}, "
+            f"{res['ar']['first_call_s']} s with compiling")
+        args.checkpoint()
+        p = 0.8 if 0.8 in probs else probs[0]
+        k, _ = best_k(prof, p, False, 16 if not args.small else 3)
+        gen.drafter = ScriptedDrafter(ref, k, 0, vocab, tree=False, accept_prob=p, seed=0)
+        t0 = time.perf_counter()
+        ids, rate, tau, _, _ = timed_generate(gen, prompt, max_new, reps)
+        res[f"chain-p{p}"] = {"k": k, "tau": round(tau, 3), "tok_s": round(rate, 1),
+                              "vs_eager_ar": round(rate / ar_rate, 3), "identical": ids == ref,
+                              "seconds_with_compiling": round(time.perf_counter() - t0, 1)}
+        log(f"speed compiled: oracle chain p={p} k={k}: tau {tau:.2f}, {rate / ar_rate:.2f}x eager ar, "
+            f"ids equal: {ids == ref}")
+        res["compile_s"] = {str(k): round(v, 1) for k, v in target.step.compile_s.items()}
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"[:500]
+        traceback.print_exc()
+    finally:
+        target.use_kernels("stock")
+    return res
+
+
 def section_speed(args, out: dict | None = None) -> dict:
     """Fills ``out`` (one entry per shape, saved by ``args.checkpoint`` after each measurement, so
     that a killed run keeps what it measured)."""
@@ -350,7 +386,9 @@ def section_speed(args, out: dict | None = None) -> dict:
     from selfspec.drafters.scripted import ScriptedDrafter
 
     shapes = {"tiny-llama": SMALL_SHAPES["tiny-llama"]} if args.small else SHAPES
-    probs = (0.8,) if args.small else PROBS
+    if args.shapes and not args.small:
+        shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
+    probs = (0.8,) if args.small else tuple(float(p) for p in args.probs.split(",")) if args.probs else PROBS
     qs = QS_SMALL if args.small else QS_FULL
     max_new, reps = (16, 1) if args.small else (128, 3)
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
@@ -399,6 +437,10 @@ def section_speed(args, out: dict | None = None) -> dict:
                     args.checkpoint()
             ar.drafter = selfspec.load(target, "ar", self_test=False).drafter
             res["oracle"] = oracle
+            if args.speed_compiled:
+                res["compiled"] = compiled_speed(args, target, prompt, ref, prof, ar_rate, max_new, reps,
+                                                 probs, shape["vocab_size"])
+                args.checkpoint()
         except Exception as e:  # noqa: BLE001
             res["error"] = f"{type(e).__name__}: {e}"[:500]
             traceback.print_exc()
@@ -538,6 +580,10 @@ def table(report: dict) -> str:
         for case, o in r.get("oracle", {}).items():
             lines.append(f"  oracle {case}: k {o['k']}, tau {o['tau']}, {o['speedup']}x ar, ideal {o['ideal']}x, "
                          f"kept {o['kept']}, identical {o['identical']}")
+        for case, o in (r.get("compiled") or {}).items():
+            if isinstance(o, dict) and "tok_s" in o:
+                lines.append(f"  compiled {case}: {o['tok_s']} tok/s = {o['vs_eager_ar']}x eager ar, "
+                             f"identical {o['identical']}")
     tr = report.get("train") or {}
     for name, r in tr.items():
         if isinstance(r, dict):
@@ -563,7 +609,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="", help="comma-separated halfprec cases (default: all; e.g. eagle2-tree)")
     p.add_argument("--tests-budget", type=float, default=300,
                    help="seconds the background tests may take from their start (default 300)")
+    p.add_argument("--shapes", default="", help=f"comma-separated speed shapes (default: all of {','.join(SHAPES)})")
+    p.add_argument("--probs", default="", help="comma-separated oracle acceptance probabilities (default: "
+                   f"{','.join(map(str, PROBS))})")
+    p.add_argument("--speed-compiled", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time ar and an oracle chain on --kernels compiled (default: on for cuda)")
     args = p.parse_args(argv)
+    if args.speed_compiled is None:
+        args.speed_compiled = args.device.startswith("cuda")
     args.small = args.small or args.device == "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run with --device cpu for the dry run", file=sys.stderr)
