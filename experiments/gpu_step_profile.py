@@ -48,7 +48,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="gpu-profile-out")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4, help="layers of the eager-vs-compiled model (0: skip it)")
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--shape", default="llama-3.1-8b", help="a gpu_check shape (tiny-llama: the CPU dry run)")
     p.add_argument("--max-new", type=int, default=128)
@@ -57,7 +57,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     report: dict = {}
-    path = out / "step_profile.json"
+    path = out / ("step_profile.json" if not args.skip_profile else "step_compiled.json")
     shape = dict({**SHAPES, **SMALL_SHAPES}[args.shape], tie_word_embeddings=False)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(4, shape["vocab_size"], (64,), generator=g).tolist()
@@ -74,6 +74,8 @@ def main() -> int:
         target = model = ar = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    if args.layers <= 0:
+        return 0
     small = dict(shape, num_hidden_layers=args.layers)
     model = make_model(small, args.device, dtype, seed=0, synthetic=True)
     target = loaded(model, f"{args.shape}-{args.layers}layers")
