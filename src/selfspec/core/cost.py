@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import kv_cache
+from .attention import decode_attention
 from .machine import machine_id
 from .timing import Stopwatch
 
@@ -171,7 +172,7 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
         for q in qs:
             ids = torch.randint(0, vocab, (1, q), generator=g).to(device)
             pos = torch.arange(context, context + q, device=device)[None]
-            with Stopwatch(device) as watch:
+            with decode_attention(device), Stopwatch(device) as watch:
                 model(input_ids=ids, position_ids=pos, **kv_cache.cache_arg(model, cache), use_cache=True)
             dt = watch.seconds
             kv_cache.truncate(cache, context)

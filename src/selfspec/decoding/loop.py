@@ -12,6 +12,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
+from ..core.attention import decode_attention
 from ..core.sampling import sample
 from ..models.adapter import forward_block
 from .controller import DraftController
@@ -38,13 +39,14 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
         block = state.step.prefill(state.cache, prompt, drafter.needs_hidden)
         logits, hidden = block.logits[-1], block.hidden
     else:
-        out = model(
-            input_ids=prompt.to(device)[None],
-            **kv_cache.cache_arg(model, state.cache),
-            use_cache=True,
-            output_hidden_states=drafter.needs_hidden,
-            logits_to_keep=1,
-        )
+        with decode_attention(device):
+            out = model(
+                input_ids=prompt.to(device)[None],
+                **kv_cache.cache_arg(model, state.cache),
+                use_cache=True,
+                output_hidden_states=drafter.needs_hidden,
+                logits_to_keep=1,
+            )
         logits = out.logits[0, -1].float()
         hidden = tuple(h[0] for h in out.hidden_states) if drafter.needs_hidden else None
     first = choose_token(state, logits)

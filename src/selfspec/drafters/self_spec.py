@@ -31,6 +31,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict
+from ..core.attention import decode_attention
 from ..core.sampling import sample
 from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
@@ -109,9 +110,11 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
                   position_ids=torch.arange(position, position + t, device=device)[None], attention_mask=mask,
                   **kv_cache.cache_arg(model, cache), use_cache=True)
     if lm_head is not None and lm_head.vocab is not None:
-        hidden = getattr(model, model.base_model_prefix)(**kwargs).last_hidden_state[0]  # [T, H], post-norm
+        with decode_attention(device):
+            hidden = getattr(model, model.base_model_prefix)(**kwargs).last_hidden_state[0]  # [T, H], post-norm
         return lm_head(hidden[-1:] if last_only else hidden)
-    out = model(**kwargs, logits_to_keep=1 if last_only else 0)
+    with decode_attention(device):
+        out = model(**kwargs, logits_to_keep=1 if last_only else 0)
     return out.logits[0].float()
 
 

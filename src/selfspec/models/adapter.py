@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from ..core import kv_cache
+from ..core.attention import decode_attention
 from ..errors import SelfspecError
 
 # attention functions that take boolean 4-D masks: HF's sdpa and the kernels backends' own
@@ -81,13 +82,14 @@ def forward_block(
         if impl not in (*BOOL_MASK_IMPLS, "eager"):
             raise SelfspecError(f"tree verification needs attn_implementation sdpa or eager, not {impl}")
         mask = build_mask(base, block_mask, impl, model.dtype, device)
-    out = model(
-        input_ids=ids.to(device)[None],
-        position_ids=positions.to(device)[None],
-        attention_mask=mask,
-        **kv_cache.cache_arg(model, cache),
-        use_cache=True,
-        output_hidden_states=want_hidden,
-    )
+    with decode_attention(device):
+        out = model(
+            input_ids=ids.to(device)[None],
+            position_ids=positions.to(device)[None],
+            attention_mask=mask,
+            **kv_cache.cache_arg(model, cache),
+            use_cache=True,
+            output_hidden_states=want_hidden,
+        )
     hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
     return BlockOutput(out.logits[0].float(), hidden)
