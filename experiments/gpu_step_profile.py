@@ -4,7 +4,8 @@
    oracle chain (p = 0.8, k = 16) under ``torch.profiler``; prints the host-time table of each and
    the per-step split the loop records (draft / verify+accept).
 2. The same layer shape with few layers (``--layers``, default 4): eager against the compiled
-   static-shape step with CUDA graphs, ``ar`` and the oracle chain; ids compared.
+   static-shape step with CUDA graphs, ``ar`` and the oracle chain; ids compared
+   (``gpu_check.compiled_speed``, which the GPU check's speed section runs too).
 
     PYTHONPATH=src:scripts python experiments/gpu_step_profile.py --out $OUT
 """
@@ -14,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from gpu_check import SHAPES, SMALL_SHAPES, best_k, loaded, make_model, timed_generate  # noqa: E402
+from gpu_check import SHAPES, SMALL_SHAPES, compiled_speed, loaded, make_model  # noqa: E402
 
 
 def profile_case(gen, prompt: list[int], n: int, label: str, out: Path) -> dict:
@@ -42,7 +42,6 @@ def profile_case(gen, prompt: list[int], n: int, label: str, out: Path) -> dict:
 
 def main() -> int:
     import selfspec
-    from selfspec.core.cost import measure
     from selfspec.drafters.scripted import ScriptedDrafter
 
     p = argparse.ArgumentParser()
@@ -76,33 +75,11 @@ def main() -> int:
             torch.cuda.empty_cache()
     if args.layers <= 0:
         return 0
-    small = dict(shape, num_hidden_layers=args.layers)
-    model = make_model(small, args.device, dtype, seed=0, synthetic=True)
-    target = loaded(model, f"{args.shape}-{args.layers}layers")
-    prof = measure(model, f"profile|{args.layers}", qs=(1, 2, 4, 8, 16, 17, 32), context=256, reps=5)
-    k, _ = best_k(prof, 0.8, False, 16)
-    res: dict = {"T_ms": {q: round(1e3 * t, 3) for q, t in zip(prof.qs, prof.raw)}, "k": k}
-    for kernels in ("stock", "compiled"):
-        t0 = time.perf_counter()
-        gen = selfspec.load(target, "ar", kernels=kernels, self_test=False)
-        ids, rate, _, step, _ = timed_generate(gen, prompt, args.max_new, 3)
-        ref = ids if kernels == "stock" else ref
-        res[f"ar@{kernels}"] = {"tok_s": round(rate, 1), "step_ms": round(1e3 * step, 3), "identical": ids == ref,
-                                "seconds": round(time.perf_counter() - t0, 1)}
-        print(kernels, res[f"ar@{kernels}"], flush=True)
-        gen.drafter = ScriptedDrafter(ref, k, 0, small["vocab_size"], tree=False, accept_prob=0.8, seed=0)
-        t0 = time.perf_counter()
-        ids, rate, tau, step, _ = timed_generate(gen, prompt, args.max_new, 3)
-        res[f"chain@{kernels}"] = {"tok_s": round(rate, 1), "tau": round(tau, 3), "step_ms": round(1e3 * step, 3),
-                                   "identical": ids == ref, "seconds": round(time.perf_counter() - t0, 1)}
-        print(kernels, res[f"chain@{kernels}"], flush=True)
-        report["few_layers"] = res
-        path.write_text(json.dumps(report, indent=1))
-    if target.step is not None:
-        res["compile_s"] = {str(s): round(v, 1) for s, v in target.step.compile_s.items()}
-    report["few_layers"] = res
-    path.write_text(json.dumps(report, indent=1))
-    print(json.dumps(res), flush=True)
+    ns = argparse.Namespace(device=args.device, small=False, compiled_layers=args.layers,
+                            checkpoint=lambda: path.write_text(json.dumps(report, indent=1)))
+    report["few_layers"] = compiled_speed(ns, shape, dtype, prompt, args.max_new, 3)
+    ns.checkpoint()
+    print(json.dumps(report["few_layers"]), flush=True)
     return 0
 
 

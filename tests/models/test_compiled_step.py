@@ -155,6 +155,18 @@ def test_drafts_right_for_exactly_j_on_compiled(compiled, ar_ids, j, tree):
             assert all(c == j + 1 for c in r.committed_per_step[1:-1]), r.committed_per_step
 
 
+def test_decoding_after_the_load_time_compile_compiles_nothing(tmp_path):
+    """The one-token step compiled at load is the graph decoding runs: the warm-up runs under
+    inference mode like the decode loop (grad mode is in Dynamo's guards; compiled outside it,
+    the first request traced and compiled the step again)."""
+    path = save_tiny(tmp_path / "m", "llama", 0, layers=1)
+    g = selfspec.load(str(path), method="ar", kernels="compiled", self_test=False)
+    assert (1, capacity_for(40), False) in g.target.step.compiled
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        r = g.generate(prompt_ids(5, 7), max_new_tokens=6, chat=False)
+    assert r.new_tokens == 6
+
+
 def test_load_time_self_test_passes_on_the_compiled_backend(tiny_dir):
     """The backend's attention (KV heads shared over the static cache) also serves the eager
     forwards on growing caches (the tree self-test, cost profiles), causal when given no mask."""

@@ -150,15 +150,23 @@ class StaticStep:
     def warm_up(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> float:
         """Compile the step for blocks of each of ``sizes`` (padded as :func:`bucket`) on a
         ``capacity``-position cache ahead of use, so that no later request pays a compile (the
-        benchmark does this before it times anything). Returns the seconds it took."""
+        benchmark does this before it times anything). Returns the seconds it took.
+
+        It compiles what decoding will run, or the first request would trace and compile again:
+        under ``torch.inference_mode()``, as the decode loop runs (the grad mode is in Dynamo's
+        guards), on a cache that a one-token prompt forward has initialised, as a request's
+        prompt forward does (the cache layers' initialisation is in the guards too)."""
         t0 = now(None)
         config = self.model.config
         device = next(self.model.parameters()).device
         for size in sorted({bucket(s) for s in sizes}):
-            if (size, capacity, want_hidden) in self.compile_s or size > capacity:
+            if (size, capacity, want_hidden) in self.compile_s or size + 1 > capacity:
                 continue
             cache = kv_cache.new_cache(config, capacity)
-            self.forward(cache, torch.full((size,), 4, dtype=torch.long), torch.arange(size), None, want_hidden)
+            with torch.inference_mode():
+                self.prefill(cache, torch.full((1,), 4, dtype=torch.long), want_hidden)
+                self.forward(cache, torch.full((size,), 4, dtype=torch.long), torch.arange(1, size + 1), None,
+                             want_hidden, base=1)
         return now(device) - t0
 
     def prefill(self, cache, ids: torch.Tensor, want_hidden: bool) -> BlockOutput:
