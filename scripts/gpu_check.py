@@ -189,9 +189,11 @@ class BackgroundTests:
         if args.small:  # the dry run: one test through the same plumbing (the default tier runs the rest)
             targets, marker = ["tests/drafters/test_scripted.py::test_same_seed_same_draws"], ""
         else:
-            targets = ["tests/decoding/test_greedy_equivalence.py", "tests/drafters/test_scripted.py",
-                       "tests/decoding/test_coupled_sampling.py", "tests/decoding/test_host_reads.py",
-                       "tests/statistical"]
+            # the statistical tier first: its tree tests are the longest items on a GPU (thousands of
+            # launch-bound tiny steps each), and xdist hands tests out in this order
+            targets = ["tests/statistical", "tests/decoding/test_greedy_equivalence.py",
+                       "tests/drafters/test_scripted.py", "tests/decoding/test_coupled_sampling.py",
+                       "tests/decoding/test_host_reads.py"]
             marker = "not (slow or real_model)"
         cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", marker, "--junitxml",
                str(self.xml), "-rfE", "--timeout", "300", *targets]
