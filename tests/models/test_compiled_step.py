@@ -162,9 +162,46 @@ def test_decoding_after_the_load_time_compile_compiles_nothing(tmp_path):
     path = save_tiny(tmp_path / "m", "llama", 0, layers=1)
     g = selfspec.load(str(path), method="ar", kernels="compiled", self_test=False)
     assert (1, capacity_for(40), False) in g.target.step.compiled
-    with torch._dynamo.config.patch(error_on_recompile=True):
+    from selfspec.models import aot_step
+
+    with torch._dynamo.config.patch(error_on_recompile=True), pytest.MonkeyPatch.context() as m:
+        m.setattr(aot_step, "compile_step", no_compiling)  # CPU: steps compiled ahead of time
         r = g.generate(prompt_ids(5, 7), max_new_tokens=6, chat=False)
     assert r.new_tokens == 6
+
+
+def test_a_second_process_loads_the_saved_step_without_tracing(compiled, ar_ids, tmp_path, monkeypatch):
+    """On CPU each shape's step is compiled ahead of time and saved; a new step (as in a second
+    process) loads it from the cache directory and traces nothing, with ids unchanged. A file
+    that does not load is compiled again."""
+    from torch._dynamo.utils import counters
+
+    from selfspec.models import aot_step
+
+    if not aot_step.supported(torch.device("cpu")):
+        pytest.skip("this PyTorch has no aot_compile")
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    g = selfspec.load(compiled, method="ar", self_test=False)
+    first = StaticStep(compiled.model)
+    compiled._step = first
+    assert g.generate(PROMPTS[0], max_new_tokens=MAX_NEW, chat=False).token_ids == ar_ids[0]
+    saved = sorted((tmp_path / "home" / "compile" / "aot").glob("step-1x*.bin"))
+    assert len(saved) == 1
+    compiled._step = StaticStep(compiled.model)
+    traced = counters["frames"]["total"]
+    with monkeypatch.context() as m:
+        m.setattr(aot_step, "compile_step", no_compiling)
+        assert g.generate(PROMPTS[0], max_new_tokens=MAX_NEW, chat=False).token_ids == ar_ids[0]
+    assert counters["frames"]["total"] == traced  # loaded, not traced
+    saved[0].write_bytes(b"not a saved step")
+    compiled._step = StaticStep(compiled.model)
+    assert g.generate(PROMPTS[0], max_new_tokens=MAX_NEW, chat=False).token_ids == ar_ids[0]
+    assert saved[0].stat().st_size > 1000  # compiled again and replaced
+
+
+def no_compiling(*args, **kwargs):
+    raise AssertionError("compiled a step that should have been loaded")
 
 
 def test_load_time_self_test_passes_on_the_compiled_backend(tiny_dir):

@@ -25,9 +25,10 @@ operation order): ``compiled`` is a backend of its own, lossless with respect to
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,7 @@ from ..core import kv_cache
 from ..core.timing import now
 from ..errors import SelfspecError
 from ..paths import writable_cache_dir
+from . import aot_step
 from .adapter import BlockOutput, build_mask
 
 log = logging.getLogger("selfspec.kernels")
@@ -130,12 +132,31 @@ class StaticStep:
     compile: bool = True
     compile_s: dict[tuple[int, int, bool], float] = field(default_factory=dict)
     _fn: object = field(default=None, repr=False)
+    _aot: dict[tuple[int, int, bool], Callable] = field(default_factory=dict, repr=False)
     _dir: str | None = field(default=None, repr=False)
 
     @property
     def compiled(self) -> set[tuple[int, int, bool]]:
         """The shapes compiled so far in this process."""
         return set(self.compile_s)
+
+    def _step_for(self, shape: tuple[int, int, bool], kwargs: dict) -> Callable:
+        """What runs a block of ``shape`` (called with ``kwargs``): the eager forward (``compile``
+        off); on CPU a step compiled ahead of time, loaded from the cache directory when an earlier
+        process saved it (no trace: :mod:`~selfspec.models.aot_step`); elsewhere ``torch.compile``."""
+        if not self.compile:
+            return self.model.forward
+        if shape not in self._aot:
+            if not aot_step.supported(next(self.model.parameters()).device):
+                return self._compiled_forward()
+            self._dir = self._dir or compile_cache_dir()
+            path = aot_step.artifact_path(self._dir, self.model, shape) if self._dir else None
+            fn = aot_step.load_step(path, self.model) if path is not None else None
+            if fn is None:
+                with inductor_cache(self._dir):
+                    fn = aot_step.compile_step(self.model, kwargs, path)
+            self._aot[shape] = fn
+        return functools.partial(self._aot[shape], self.model)
 
     def _compiled_forward(self):
         if not self.compile:
@@ -230,16 +251,15 @@ class StaticStep:
                            model.config._attn_implementation, model.dtype, device)
         shape = (p, width, want_hidden)
         first = self.compile and shape not in self.compile_s
-        fn = self._compiled_forward()
+        kwargs = dict(input_ids=ids_p.to(device)[None], position_ids=pos_p.to(device)[None], attention_mask=mask,
+                      **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden)
         if first:
             log.info(f"compiling the decode step for {p}-token blocks ({'with' if want_hidden else 'no'} hidden "
                      f"states, {width}-position cache; once per machine and thread count, then loaded from "
-                     f"{self._dir or 'nowhere: no writable cache directory'}) ...")
+                     f"{self._dir or compile_cache_dir() or 'nowhere: no writable cache directory'}) ...")
         t0 = now(None)
         with inductor_cache(self._dir):
-            out = fn(
-                input_ids=ids_p.to(device)[None], position_ids=pos_p.to(device)[None], attention_mask=mask,
-                **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden)
+            out = self._step_for(shape, kwargs)(**kwargs)
         if first:
             self.compile_s[shape] = now(device) - t0
             log.info(f"the {p}-token step is ready ({self.compile_s[shape]:.1f} s)")

@@ -1,0 +1,131 @@
+"""Saved compiled steps: the warm start of the ``compiled`` backend without Dynamo's trace.
+
+Inductor's own cache keeps the generated code between processes, but every new process still
+traces the model's Python (11-16 s for SmolLM2's 30 layers on a 2-core AVX2 VM) before it finds
+that code. ``torch.compile(...).aot_compile`` (PyTorch >= 2.10) captures one shape's step ahead of
+time into a file that loads without tracing (3.4 s, then 0.1 s for the first call, there).
+
+A saved step is one shape of one model on one machine, and it is saved with no guards (Dynamo
+cannot serialise the identity guards on the model), so nothing checks it when it runs. This
+module does: the file's name is a hash of everything the graph was specialised on (the padded
+block, cache capacity and hidden-states flag; the model's class, config, dtype, device and
+attention; the machine, thread count and the torch / transformers versions), and the step only
+calls it with that exact shape, under inference mode, on that model. A file that does not load
+is compiled again and replaced. CPU only: on CUDA the step keeps ``torch.compile`` with CUDA
+graphs, which these files do not carry.
+
+Two things ``transformers``' modelling code needs on load: its decorated ``forward`` functions,
+which pickle cannot name, travel as external data; and the module references in the saved
+bytecode, named after the saving process's object ids, are bound again to the modules of the
+same name in this process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..core.machine import machine_id
+
+log = logging.getLogger(__name__)
+
+_MODULE_REF = re.compile(r"'(___module_(\w+?)_\d+_c0)'")
+
+
+def supported(device: torch.device) -> bool:
+    """Whether steps on ``device`` are saved and loaded: CPU, on a PyTorch with ``aot_compile``."""
+    if device.type != "cpu":
+        return False
+    try:
+        from torch._dynamo.aot_compile import AOTCompiledFunction  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(torch.compile(lambda: None), "aot_compile")
+
+
+def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int, bool]) -> Path:
+    """The file of ``model``'s step of ``shape`` = (padded block, cache capacity, hidden states)
+    under ``directory``: named by a hash of everything the compiled graph depends on."""
+    import transformers
+
+    config = model.config
+    key = {
+        "shape": list(shape),
+        "model": type(model).__qualname__,
+        "config": json.loads(config.to_json_string(use_diff=False)),
+        "dtype": str(model.dtype),
+        "device": str(next(model.parameters()).device),
+        "attention": config._attn_implementation,
+        "machine": machine_id(),  # CPU model, thread count, torch version
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return Path(directory) / "aot" / f"step-{shape[0]}x{shape[1]}{'-hidden' if shape[2] else ''}-{digest}.bin"
+
+
+def _external(model: torch.nn.Module) -> dict[str, object]:
+    """The model's ``forward`` and every function its decorators wrap, by stable names."""
+    out: dict[str, object] = {}
+    f, i = type(model).forward, 0
+    while f is not None and i < 16:
+        out[f"forward{i}"] = f
+        f, i = getattr(f, "__wrapped__", None), i + 1
+    return out
+
+
+def _module_named(mangled: str) -> object | None:
+    """The loaded module whose dotted name, with dots as underscores, is ``mangled``."""
+    for name, module in list(sys.modules.items()):
+        if module is not None and name.replace(".", "_") == mangled:
+            return module
+    return None
+
+
+def compile_step(model: torch.nn.Module, kwargs: dict, path: Path | None) -> Callable:
+    """Compile ``model.forward`` for the shapes of ``kwargs`` ahead of time; save it to ``path``
+    (when given and writable). Returns ``fn(model, **kwargs)``."""
+    compiled = torch.compile(model.forward, dynamic=False, fullgraph=True,
+                             options={"guard_filter_fn": lambda entries: [False for _ in entries]})
+    fn = compiled.aot_compile(((), kwargs))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fn.save_compiled_function(str(path), external_data=_external(model))
+        except Exception as e:  # noqa: BLE001 - a step that cannot be saved still runs
+            log.warning(f"could not save the compiled step to {path} ({type(e).__name__}: {e}); the next process "
+                        "compiles it again")
+    return fn
+
+
+def load_step(path: Path, model: torch.nn.Module) -> Callable | None:
+    """The saved step at ``path`` as ``fn(model, **kwargs)``, or None (with the reason logged)
+    when it is missing or does not load here."""
+    if not path.is_file():
+        return None
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    data = path.read_bytes()
+    env = dict(type(model).forward.__globals__)
+    try:
+        for _ in range(64):
+            try:
+                return AOTCompiledFunction.deserialize(data, f_globals=env, external_closure_data=_external(model))
+            except RuntimeError as e:
+                refs = _MODULE_REF.findall(str(e))
+                missing = [(full, _module_named(short)) for full, short in refs if full not in env]
+                if not missing or any(m is None for _, m in missing):
+                    raise
+                env.update(missing)
+        raise RuntimeError("too many module references")
+    except Exception as e:  # noqa: BLE001 - compile again instead
+        log.info(f"the saved compiled step {path.name} does not load here ({type(e).__name__}: "
+                 f"{str(e)[:200]}); compiling it again")
+        return None
