@@ -132,7 +132,7 @@ class StaticStep:
     compile: bool = True
     compile_s: dict[tuple[int, int, bool], float] = field(default_factory=dict)
     _fn: object = field(default=None, repr=False)
-    _aot: dict[tuple[int, int, bool], Callable] = field(default_factory=dict, repr=False)
+    _aot: dict[tuple[int, int, bool], Callable | None] = field(default_factory=dict, repr=False)
     _dir: str | None = field(default=None, repr=False)
 
     @property
@@ -153,10 +153,15 @@ class StaticStep:
             path = aot_step.artifact_path(self._dir, self.model, shape) if self._dir else None
             fn = aot_step.load_step(path, self.model) if path is not None else None
             if fn is None:
-                with inductor_cache(self._dir):
-                    fn = aot_step.compile_step(self.model, kwargs, path)
+                try:
+                    with inductor_cache(self._dir):
+                        fn = aot_step.compile_step(self.model, kwargs, path)
+                except Exception as e:  # noqa: BLE001 - e.g. a graph break: torch.compile's own path
+                    log.info(f"compiling the step ahead of time failed ({type(e).__name__}: {str(e)[:200]}); "
+                             "compiling it for this process only")
             self._aot[shape] = fn
-        return functools.partial(self._aot[shape], self.model)
+        fn = self._aot[shape]
+        return functools.partial(fn, self.model) if fn is not None else self._compiled_forward()
 
     def _compiled_forward(self):
         if not self.compile:
