@@ -171,7 +171,8 @@ class SpeculativeGenerator:
         capacity = capacity_for(len(ids) + cfg.max_new_tokens) if step is not None else None
         return DecodeState(
             ids=list(ids), prompt_len=len(ids), cfg=cfg, warper=warper, generator=gen,
-            cache=new_cache(model.config, capacity), step=step, eos_ids=self.eos_ids,
+            cache=step.take_cache(capacity) if step is not None else new_cache(model.config), step=step,
+            eos_ids=self.eos_ids,
             stop_check=make_stop_check(self.tokenizer, cfg.stop),
             noise=GumbelNoise(cfg.seed) if coupled else None,
         )
@@ -204,11 +205,15 @@ class SpeculativeGenerator:
         if self.target.backend != self.kernels:
             self.target.use_kernels(self.kernels, keep=True)
         state = self._state(prompt, cfg, chat)
-        with torch_threads(self.threads):  # under rejection sampling the controller restores the load-time state
-            t0 = self.clock(None)
-            for new in run(state, self.target.model, self.controller):
-                yield state, new
-            self.last_result = self._result(state, self.clock(None) - t0)
+        try:
+            with torch_threads(self.threads):  # under rejection sampling the controller restores the load-time state
+                t0 = self.clock(None)
+                for new in run(state, self.target.model, self.controller):
+                    yield state, new
+                self.last_result = self._result(state, self.clock(None) - t0)
+        finally:  # finished, failed or cancelled: the compiled backend's static cache serves the next request
+            if state.step is not None:
+                state.step.give_back(state.cache)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,

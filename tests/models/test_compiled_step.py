@@ -204,6 +204,25 @@ def no_compiling(*args, **kwargs):
     raise AssertionError("compiled a step that should have been loaded")
 
 
+def test_requests_reuse_static_caches_and_interleaved_ones_hold_their_own(compiled, ar_ids):
+    """A finished request's static cache serves the next one (fixed addresses: CUDA graphs captured
+    on it replay); two requests in flight together hold two caches and both give ``ar``'s ids."""
+    from itertools import zip_longest
+
+    g = selfspec.load(compiled, method="ar", self_test=False)
+    h = selfspec.load(compiled, method="ar", self_test=False)
+    a = g.steps(PROMPTS[1], chat=False, max_new_tokens=MAX_NEW)
+    b = h.steps(PROMPTS[0], chat=False, max_new_tokens=MAX_NEW)
+    caches = []
+    for x, y in zip_longest(a, b):
+        caches += [item[0].cache for item in (x, y) if item is not None]
+    assert len({id(c) for c in caches}) == 2
+    assert g.last_result.token_ids == ar_ids[1] and h.last_result.token_ids == ar_ids[0]
+    state, _ = next(iter(g.steps(PROMPTS[0], chat=False, max_new_tokens=MAX_NEW)))  # cancelled after its prefill
+    assert any(state.cache is c for c in caches)
+    assert g.generate(PROMPTS[0], max_new_tokens=MAX_NEW, chat=False).token_ids == ar_ids[0]
+
+
 def test_load_time_self_test_passes_on_the_compiled_backend(tiny_dir):
     """The backend's attention (KV heads shared over the static cache) also serves the eager
     forwards on growing caches (the tree self-test, cost profiles), causal when given no mask."""

@@ -133,7 +133,26 @@ class StaticStep:
     compile_s: dict[tuple[int, int, bool], float] = field(default_factory=dict)
     _fn: object = field(default=None, repr=False)
     _aot: dict[tuple[int, int, bool], Callable | None] = field(default_factory=dict, repr=False)
+    _free: dict[int, list] = field(default_factory=dict, repr=False)
     _dir: str | None = field(default=None, repr=False)
+
+    def take_cache(self, capacity: int):
+        """An empty static cache of ``capacity`` positions for one request: one an earlier request
+        gave back (:meth:`give_back`) when there is one, else a new one. Reuse keeps the cache's
+        tensors at the same addresses, so CUDA graphs captured on them replay instead of being
+        captured again for every request (and no request allocates a cache on the CPU). Requests
+        in flight together hold different caches; what a reused cache holds past its length is
+        never read (every step's mask covers the committed positions and its block only)."""
+        pool = self._free.get(capacity)
+        if pool:
+            cache = pool.pop()
+            kv_cache.set_length(cache, 0)
+            return cache
+        return kv_cache.new_cache(self.model.config, capacity)
+
+    def give_back(self, cache) -> None:
+        """Return a request's static cache for later requests (:meth:`take_cache`)."""
+        self._free.setdefault(kv_cache.capacity(cache), []).append(cache)
 
     @property
     def compiled(self) -> set[tuple[int, int, bool]]:
@@ -183,16 +202,16 @@ class StaticStep:
         guards), on a cache that a one-token prompt forward has initialised, as a request's
         prompt forward does (the cache layers' initialisation is in the guards too)."""
         t0 = now(None)
-        config = self.model.config
         device = next(self.model.parameters()).device
         for size in sorted({bucket(s) for s in sizes}):
             if (size, capacity, want_hidden) in self.compile_s or size + 1 > capacity:
                 continue
-            cache = kv_cache.new_cache(config, capacity)
+            cache = self.take_cache(capacity)  # the cache requests will reuse: graphs captured on it replay
             with torch.inference_mode():
                 self.prefill(cache, torch.full((1,), 4, dtype=torch.long), want_hidden)
                 self.forward(cache, torch.full((size,), 4, dtype=torch.long), torch.arange(1, size + 1), None,
                              want_hidden, base=1)
+            self.give_back(cache)
         return now(device) - t0
 
     def prefill(self, cache, ids: torch.Tensor, want_hidden: bool) -> BlockOutput:
