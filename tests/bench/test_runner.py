@@ -175,7 +175,7 @@ def test_compiled_steps_are_warmed_up_for_every_cache_size_the_prompts_need(tiny
 
     calls = []
     real = StaticStep.warm_up
-    monkeypatch.setattr(StaticStep, "_compiled_forward", lambda self: self.model.forward)
+    monkeypatch.setattr(StaticStep, "_step_for", lambda self, shape, kwargs: self.model.forward)
     monkeypatch.setattr(StaticStep, "warm_up", lambda self, capacity, sizes, want_hidden:
                         calls.append((capacity, len(sizes))) or real(self, capacity, sizes, want_hidden))
     path = tmp_path / "prompts.jsonl"
