@@ -168,7 +168,6 @@ class StaticStep:
         if shape not in self._aot:
             if not aot_step.supported(next(self.model.parameters()).device):
                 return self._compiled_forward()
-            self._dir = self._dir or compile_cache_dir()
             path = aot_step.artifact_path(self._dir, self.model, shape) if self._dir else None
             fn = aot_step.load_step(path, self.model) if path is not None else None
             if fn is None:
@@ -188,7 +187,6 @@ class StaticStep:
         if self._fn is None:
             device = next(self.model.parameters()).device
             mode = "reduce-overhead" if device.type == "cuda" else None
-            self._dir = compile_cache_dir()
             self._fn = torch.compile(self.model.forward, dynamic=False, mode=mode)
         return self._fn
 
@@ -277,10 +275,11 @@ class StaticStep:
         first = self.compile and shape not in self.compile_s
         kwargs = dict(input_ids=ids_p.to(device)[None], position_ids=pos_p.to(device)[None], attention_mask=mask,
                       **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden)
-        if first:
+        if first:  # the cache directory, resolved before anything compiles (Inductor reads it then)
+            self._dir = compile_cache_dir()
             log.info(f"compiling the decode step for {p}-token blocks ({'with' if want_hidden else 'no'} hidden "
                      f"states, {width}-position cache; once per machine and thread count, then loaded from "
-                     f"{self._dir or compile_cache_dir() or 'nowhere: no writable cache directory'}) ...")
+                     f"{self._dir or 'nowhere: no writable cache directory'}) ...")
         t0 = now(None)
         with inductor_cache(self._dir):
             out = self._step_for(shape, kwargs)(**kwargs)
