@@ -108,3 +108,36 @@ def test_auto_from_int8_times_each_candidate_as_it_runs(tiny_dir):
     assert choice in candidates(t.model)
     assert t.model.config._attn_implementation != "selfspec_rowwise"
     assert current_backend(t.model) == choice
+
+
+@torch.inference_mode()
+def test_compiled_runs_the_onednn_layers_where_onednn_runs(tiny_dir):
+    """On the CPU in fp32 the compiled backend's layers are oneDNN's prepacked ones (faster inside
+    the compiled step than the stock ones); where onednn cannot run (bf16) they stay stock."""
+    from selfspec.kernels.onednn import OneDNNLinear
+    from selfspec.kernels.swap import linear_layers
+
+    t = load_model(str(tiny_dir), kernels="compiled")
+    assert t.backend == "compiled"
+    assert all(isinstance(m, OneDNNLinear) for _, _, m in linear_layers(t.model))
+    assert t.use_kernels("stock") == "stock" and current_backend(t.model) == "stock"
+    b = load_model(str(tiny_dir), dtype="bfloat16", kernels="compiled")
+    assert all(isinstance(m, torch.nn.Linear) for _, _, m in linear_layers(b.model))
+
+
+@torch.inference_mode()
+def test_traced_onednn_layer_calls_the_same_kernel():
+    """Under ``torch.compile`` a oneDNN layer is one opaque operator on its packed weight: the
+    compiled layer's rows are the eager layer's, bit for bit, at q = 1 and q = 8 (and a q = 1 row
+    is the q = 8 block's first row: oneDNN's packed kernel keeps rows independent of q)."""
+    from selfspec.kernels.onednn import OneDNNLinear, onednn_linear
+
+    torch.manual_seed(0)
+    layer = OneDNNLinear(torch.nn.Linear(64, 96))
+    x = torch.randn(8, 64)
+    eager = layer(x)
+    assert torch.equal(onednn_linear(x, layer.packed, layer.bias, 96), eager)
+    compiled = torch.compile(lambda v: layer(v), dynamic=False, fullgraph=True)
+    assert torch.equal(compiled(x), eager)
+    assert torch.equal(compiled(x[:1]), eager[:1])
+    assert torch.allclose(eager, x @ layer.original.weight.T + layer.original.bias, atol=1e-5)

@@ -200,6 +200,17 @@ def test_a_second_process_loads_the_saved_step_without_tracing(compiled, ar_ids,
     assert saved[0].stat().st_size > 1000  # compiled again and replaced
 
 
+def test_saved_steps_are_kept_per_linear_layer_kind(tiny_dir, tmp_path):
+    """A step saved for one kind of linear layer (the graph calls oneDNN's operator, or the stock
+    matrix product) is never loaded for a model on another: the file name differs."""
+    from selfspec.models import aot_step
+
+    t = load_model(str(tiny_dir), kernels="compiled")
+    on_onednn = aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False))
+    t.use_kernels("stock")
+    assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != on_onednn
+
+
 def no_compiling(*args, **kwargs):
     raise AssertionError("compiled a step that should have been loaded")
 

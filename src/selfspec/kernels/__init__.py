@@ -4,10 +4,10 @@
 - ``onednn``: fp32 weights prepacked for oneDNN (CPU); same model, different rounding.
 - ``int8``: int8 weights and per-token int8 activations with integer accumulation; changes the
   model (opt-in), exact with respect to the quantised model.
-- ``compiled``: the stock layers, verified through a static-shape step compiled by
-  ``torch.compile`` (:mod:`selfspec.models.compiled_step`): fp32, a different operation order,
-  so lossless with respect to ``ar`` on the same backend. Opt-in: the first use of each block
-  size compiles for minutes on a small CPU (cached on disk for later processes).
+- ``compiled``: the ``onednn`` layers (fp32 on the CPU; elsewhere the stock ones), verified
+  through a static-shape step compiled by ``torch.compile`` (:mod:`selfspec.models.compiled_step`):
+  fp32, a different operation order, so lossless with respect to ``ar`` on the same backend.
+  Opt-in: the first use of each block size compiles for minutes on a small CPU (cached on disk for later processes).
 - ``auto``: the fastest fp32 backend on this machine, by a quick measurement cached per model.
 """
 

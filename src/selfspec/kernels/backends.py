@@ -14,6 +14,7 @@ from .int8 import Int8Linear
 from .int8 import apply as apply_int8
 from .onednn import OneDNNLinear
 from .onednn import apply as apply_onednn
+from .onednn import available as onednn_available
 from .swap import (
     KernelState,
     SwappedLinear,
@@ -27,7 +28,8 @@ from .swap import (
 
 def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: KernelState | None = None) -> None:
     """Put ``model``'s linear layers (and attention function) on concrete backend ``kernels``
-    (``compiled`` keeps the stock layers: what it changes is the step that runs them).
+    (``compiled`` runs oneDNN's prepacked layers where the ``onednn`` backend can run, fp32 on the
+    CPU, else the stock ones: what it changes is the step that runs them).
 
     ``state`` (the model's :class:`KernelState`) remembers what switching back needs. With
     ``keep``, converted layers stay cached there so switching back is instant; otherwise layers of
@@ -38,8 +40,12 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: Kerne
         apply_onednn(model, keep, state)
     elif kernels == "int8":
         apply_int8(model, keep, state)
-    elif kernels == "compiled" and model.config._attn_implementation == "sdpa":
-        use_attention(model, STATIC_NAME, state)  # attends over the static cache without copying KV heads
+    elif kernels == "compiled":
+        p = next(model.parameters())
+        if onednn_available(p.device, p.dtype) is None:  # 1.2x faster at q = 1, 1.6x at q = 8 (docs/performance.md)
+            swap_linears(model, OneDNNLinear, keep, state=state)
+        if model.config._attn_implementation == "sdpa":
+            use_attention(model, STATIC_NAME, state)  # attends over the static cache without copying KV heads
 
 
 def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:

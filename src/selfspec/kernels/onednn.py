@@ -4,6 +4,11 @@ Same model, same precision; only the summation order (rounding) differs from MKL
 MKL treats a few-row matrix product as separate matrix-vector products (the verify step of
 speculative decoding), oneDNN's blocked kernel keeps T(q) nearly flat. Verify blocks also use
 attention without KV copies (:mod:`selfspec.kernels.gqa_attention`).
+
+The same layers run inside the ``compiled`` backend's step (:mod:`selfspec.models.compiled_step`):
+Inductor lowers oneDNN's linear only for weights frozen into the graph as constants, so a traced
+call goes through :func:`onednn_linear`, an operator Inductor calls as it is, the packed weight an
+input like any parameter (nothing is baked into a saved step).
 """
 
 from __future__ import annotations
@@ -26,6 +31,18 @@ def available(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
+@torch.library.custom_op("selfspec::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``x[M, K] @ W.T + b -> [M, out_features]`` with ``packed`` = ``W`` in oneDNN's blocked layout
+    (``torch.ops.mkldnn._reorder_linear_weight``): what a compiled graph calls (see the module)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
 class OneDNNLinear(SwappedLinear):
     """``y = x @ W.T + b`` with ``W`` reordered into oneDNN's blocked layout.
 
@@ -42,6 +59,8 @@ class OneDNNLinear(SwappedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = flatten(x)
+        if torch.compiler.is_compiling():  # traced by the compiled backend's step: an opaque call
+            return onednn_linear(x2, self.packed, self.bias, self.out_features).reshape(*lead, self.out_features)
         y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
         return y.reshape(*lead, self.out_features)
 

@@ -8,8 +8,8 @@ time into a file that loads without tracing (3.4 s, then 0.1 s for the first cal
 A saved step is one shape of one model on one machine, and it is saved with no guards (Dynamo
 cannot serialise the identity guards on the model), so nothing checks it when it runs. This
 module does: the file's name is a hash of everything the graph was specialised on (the padded
-block, cache capacity and hidden-states flag; the model's class, config, dtype, device and
-attention; the machine, thread count and the torch / transformers versions), and the step only
+block, cache capacity and hidden-states flag; the model's class, config, dtype, device,
+attention and linear-layer classes; the machine, thread count and the torch / transformers versions), and the step only
 calls it with that exact shape, under inference mode, on that model. A file that does not load
 is compiled again and replaced. CPU only: on CUDA the step keeps ``torch.compile`` with CUDA
 graphs, which these files do not carry.
@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..core.machine import machine_id
+from ..kernels.swap import linear_layers
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int,
         "dtype": str(model.dtype),
         "device": str(next(model.parameters()).device),
         "attention": config._attn_implementation,
+        "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in linear_layers(model)}),
         "machine": machine_id(),  # CPU model, thread count, torch version
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],

@@ -213,7 +213,7 @@ def load_model(
     loaded = LoadedModel(model, tok, spec, path)
     if kernels != "stock":
         loaded.use_kernels(kernels)
-        if release_fp32 and loaded.backend != "stock":
+        if release_fp32 and loaded.backend not in ("stock", "compiled"):
             from ..kernels import release_originals
 
             release_originals(model)
