@@ -28,14 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--blocks", default="1", help="comma-separated verify block sizes (T(q) for each q)")
+    ap.add_argument("--linears", choices=("backend", "stock"), default="backend",
+                    help="the compiled backend's linear layers (backend: as it loads them) or the stock ones")
     args = ap.parse_args(argv)
     from selfspec.core import kv_cache
     from selfspec.core.machine import cpu_flags
+    from selfspec.kernels.swap import restore_linears
     from selfspec.models.adapter import forward_block
     from selfspec.models.compiled_step import StaticStep
     from selfspec.models.loading import load_model
 
     model = load_model(args.model, kernels="compiled").model
+    if args.linears == "stock":
+        restore_linears(model)  # the static-cache attention stays
     ctx = args.context
     fns = {}
     with torch.inference_mode():
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
                 run()  # compiles (or loads the compiled graph)
                 fns[f"q={q}, static {cap}, {'compiled' if compiled else 'eager'}"] = run
-        out = {"command": " ".join(sys.argv), "cpu_flags": cpu_flags(), "context": ctx, "ms": {}}
+        out = {"command": " ".join(sys.argv), "cpu_flags": cpu_flags(), "context": ctx, "linears": args.linears,
+               "ms": {}}
         for th in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(th)
             samples: dict[str, list[float]] = {k: [] for k in fns}

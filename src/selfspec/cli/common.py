@@ -105,7 +105,7 @@ def add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool =
                    help="linear-layer backend: auto (default, or $SELFSPEC_KERNELS: the fp32 backend that decodes "
                         "fastest here, chosen with the method, measured once and cached), stock (PyTorch's "
                         "kernels), onednn (fp32 prepacked, CPU), int8 (QUANTISED model: lossless w.r.t. the "
-                        "int8 model, not the fp32 one) or compiled (stock kernels, verification through a "
+                        "int8 model, not the fp32 one) or compiled (onednn kernels on CPU, verification through a "
                         "static-shape step under torch.compile: each block size compiles once, minutes on a "
                         "small CPU, cached in $SELFSPEC_HOME/compile; lossless w.r.t. ar on it)"
                         + ("; comma-separated to compare backends in one run" if many else ""))
