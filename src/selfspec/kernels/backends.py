@@ -42,7 +42,7 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: Kerne
         apply_int8(model, keep, state)
     elif kernels == "compiled":
         p = next(model.parameters())
-        if onednn_available(p.device, p.dtype) is None:  # 1.2x faster at q = 1, 1.6x at q = 8 (docs/performance.md)
+        if onednn_available(p.device, p.dtype) is None:  # 1.1x faster at q = 1, 1.7x at q = 8 (docs/performance.md)
             swap_linears(model, OneDNNLinear, keep, state=state)
         if model.config._attn_implementation == "sdpa":
             use_attention(model, STATIC_NAME, state)  # attends over the static cache without copying KV heads
