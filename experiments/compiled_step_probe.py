@@ -4,10 +4,14 @@ Times a verify step of each of ``--blocks`` sizes q of the bundled SmolLM2 (fp32
 layers) after a ``--context`` token prefix, several ways, interleaved over ``--rounds`` rounds,
 medians: eager on the growing cache (what every eager backend runs), and the padded static-shape
 step eager and compiled, on each static capacity given. The model is loaded on the ``compiled``
-backend (its attention shares KV heads over the static cache). Compiles are cached in
-``$SELFSPEC_HOME/compile``.
+backend (its attention shares KV heads over the static cache), once per kind of linear layers in
+``--linears`` (``backend``: as the backend loads them; ``separate``: one oneDNN product per layer,
+no sibling groups; ``stock``: PyTorch's), all in one process and interleaved, so the kinds
+compare on the same machine state (the VM's speed drifts by 20% between processes). Compiles
+are cached in ``$SELFSPEC_HOME/compile``.
 
     python experiments/compiled_step_probe.py --capacities 1024,512 --threads 2,1 --blocks 1,8
+    python experiments/compiled_step_probe.py --linears backend,separate --blocks 1,8 --rounds 30
 """
 
 from __future__ import annotations
@@ -28,47 +32,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--blocks", default="1", help="comma-separated verify block sizes (T(q) for each q)")
-    ap.add_argument("--linears", choices=("backend", "stock"), default="backend",
-                    help="the compiled backend's linear layers (backend: as it loads them) or the stock ones")
+    ap.add_argument("--linears", default="backend",
+                    help="comma-separated kinds of linear layers: backend (as the compiled backend loads them), "
+                         "separate (oneDNN, one product per layer), stock")
     args = ap.parse_args(argv)
     from selfspec.core import kv_cache
     from selfspec.core.machine import cpu_flags
-    from selfspec.kernels.swap import restore_linears
+    from selfspec.kernels.onednn import OneDNNLinear
+    from selfspec.kernels.swap import restore_linears, swap_linears
     from selfspec.models.adapter import forward_block
     from selfspec.models.compiled_step import StaticStep
     from selfspec.models.loading import load_model
 
-    model = load_model(args.model, kernels="compiled").model
-    if args.linears == "stock":
-        restore_linears(model)  # the static-cache attention stays
+    kinds = args.linears.split(",")
+    if not set(kinds) <= {"backend", "separate", "stock"}:
+        ap.error(f"--linears takes backend, separate, stock; not {args.linears}")
     ctx = args.context
     fns = {}
     with torch.inference_mode():
-        prefix = torch.randint(100, model.config.vocab_size, (ctx,), generator=torch.Generator().manual_seed(0))
-        dyn = kv_cache.new_cache(model.config)
-        forward_block(model, dyn, prefix, torch.arange(ctx), None)
+        for kind in kinds:
+            model = load_model(args.model, kernels="compiled").model
+            if kind == "stock":
+                restore_linears(model)  # the static-cache attention stays
+            elif kind == "separate":
+                swap_linears(model, OneDNNLinear)
+            tag = "" if len(kinds) == 1 else f"{kind} layers, "
+            prefix = torch.randint(100, model.config.vocab_size, (ctx,), generator=torch.Generator().manual_seed(0))
+            dyn = kv_cache.new_cache(model.config)
+            forward_block(model, dyn, prefix, torch.arange(ctx), None)
+            steps = {}
+            for cap in (int(c) for c in args.capacities.split(",")):
+                for compiled in (False, True):
+                    step, cache = StaticStep(model, compile=compiled), kv_cache.new_cache(model.config, capacity=cap)
+                    step.prefill(cache, prefix, False)
+                    steps[(cap, compiled)] = (step, cache)
+            for q in (int(b) for b in args.blocks.split(",")):
+                ids, pos = torch.full((q,), 5), torch.arange(ctx, ctx + q)
 
-        steps = {}
-        for cap in (int(c) for c in args.capacities.split(",")):
-            for compiled in (False, True):
-                step, cache = StaticStep(model, compile=compiled), kv_cache.new_cache(model.config, capacity=cap)
-                step.prefill(cache, prefix, False)
-                steps[(cap, compiled)] = (step, cache)
-        for q in (int(b) for b in args.blocks.split(",")):
-            ids, pos = torch.full((q,), 5), torch.arange(ctx, ctx + q)
+                def eager(model=model, dyn=dyn, ids=ids, pos=pos) -> None:
+                    forward_block(model, dyn, ids, pos, None)
+                    kv_cache.truncate(dyn, ctx)
 
-            def eager(ids=ids, pos=pos) -> None:
-                forward_block(model, dyn, ids, pos, None)
-                kv_cache.truncate(dyn, ctx)
+                fns[f"{tag}q={q}, eager, growing cache"] = eager
+                for (cap, compiled), (step, cache) in steps.items():
+                    def run(step=step, cache=cache, ids=ids, pos=pos) -> None:
+                        step.forward(cache, ids, pos, None, False)
+                        kv_cache.truncate(cache, ctx)
 
-            fns[f"q={q}, eager, growing cache"] = eager
-            for (cap, compiled), (step, cache) in steps.items():
-                def run(step=step, cache=cache, ids=ids, pos=pos) -> None:
-                    step.forward(cache, ids, pos, None, False)
-                    kv_cache.truncate(cache, ctx)
-
-                run()  # compiles (or loads the compiled graph)
-                fns[f"q={q}, static {cap}, {'compiled' if compiled else 'eager'}"] = run
+                    run()  # compiles (or loads the compiled graph)
+                    fns[f"{tag}q={q}, static {cap}, {'compiled' if compiled else 'eager'}"] = run
         out = {"command": " ".join(sys.argv), "cpu_flags": cpu_flags(), "context": ctx, "linears": args.linears,
                "ms": {}}
         for th in (int(t) for t in args.threads.split(",")):

@@ -113,13 +113,21 @@ def test_auto_from_int8_times_each_candidate_as_it_runs(tiny_dir):
 @torch.inference_mode()
 def test_compiled_runs_the_onednn_layers_where_onednn_runs(tiny_dir):
     """On the CPU in fp32 the compiled backend's layers are oneDNN's prepacked ones (faster inside
-    the compiled step than the stock ones); where onednn cannot run (bf16) they stay stock."""
-    from selfspec.kernels.onednn import OneDNNLinear
+    the compiled step than the stock ones), the siblings that read one input (q/k/v, gate/up)
+    sharing one packed weight per group; where onednn cannot run (bf16) they stay stock."""
+    from selfspec.kernels.onednn import SIBLINGS, OneDNNLinear, SharedProductLinear
     from selfspec.kernels.swap import linear_layers
 
     t = load_model(str(tiny_dir), kernels="compiled")
     assert t.backend == "compiled"
-    assert all(isinstance(m, OneDNNLinear) for _, _, m in linear_layers(t.model))
+    layers = linear_layers(t.model)
+    grouped = {n for names in SIBLINGS for n in names}
+    assert all(isinstance(m, SharedProductLinear if name in grouped else OneDNNLinear) for _, name, m in layers)
+    for attn in (p for p, name, _ in layers if name == "q_proj"):
+        packed = {id(getattr(attn, n).packed) for n in SIBLINGS[0]}
+        assert len(packed) == 1
+        assert [getattr(attn, n).start for n in SIBLINGS[0]] == [0, attn.q_proj.out_features,
+                                                                  attn.q_proj.out_features + attn.k_proj.out_features]
     assert t.use_kernels("stock") == "stock" and current_backend(t.model) == "stock"
     b = load_model(str(tiny_dir), dtype="bfloat16", kernels="compiled")
     assert all(isinstance(m, torch.nn.Linear) for _, _, m in linear_layers(b.model))
@@ -141,3 +149,29 @@ def test_traced_onednn_layer_calls_the_same_kernel():
     assert torch.equal(compiled(x), eager)
     assert torch.equal(compiled(x[:1]), eager[:1])
     assert torch.allclose(eager, x @ layer.original.weight.T + layer.original.bias, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_siblings_share_one_product_in_the_compiled_step(tiny_qwen_dir):
+    """Members of a sibling group (with biases: Qwen2's q/k/v) give the separate layers' values
+    eagerly (they are the stock layers) and under ``torch.compile``, where each group's product
+    runs once: one oneDNN call per group, per other layer and for the LM head."""
+    from torch._inductor.utils import run_and_get_code
+
+    from selfspec.kernels.onednn import shared_products_pass
+    from selfspec.kernels.swap import linear_layers
+
+    t = load_model(str(tiny_qwen_dir), kernels="compiled")
+    model = t.model
+    ids = torch.tensor([[3, 17, 42, 7]])
+    ref = load_model(str(tiny_qwen_dir), kernels="stock").model(input_ids=ids).logits
+    torch.testing.assert_close(model(input_ids=ids).logits, ref, atol=1e-5, rtol=1e-5)  # eager: stock + oneDNN
+
+    fn = torch.compile(lambda x: model(input_ids=x, use_cache=False).logits, dynamic=False, fullgraph=True,
+                       options={"post_grad_custom_pre_pass": shared_products_pass()})
+    out, code = run_and_get_code(fn, ids)  # Inductor's generated code: one line per oneDNN call
+    calls = sum(c.count("torch.ops.selfspec.onednn_linear.default(") for c in code)
+    layers = model.config.num_hidden_layers
+    assert calls == 4 * layers + 1  # qkv, o, gate-up, down per layer; the head
+    assert len(linear_layers(model)) == 7 * layers + 1
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..core.machine import machine_id
+from ..kernels.onednn import shared_products_pass
 from ..kernels.swap import linear_layers
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int,
         "device": str(next(model.parameters()).device),
         "attention": config._attn_implementation,
         "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in linear_layers(model)}),
+        "passes": shared_products_pass().uuid(),
         "machine": machine_id(),  # CPU model, thread count, torch version
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
@@ -95,7 +97,8 @@ def compile_step(model: torch.nn.Module, kwargs: dict, path: Path | None) -> Cal
     """Compile ``model.forward`` for the shapes of ``kwargs`` ahead of time; save it to ``path``
     (when given and writable). Returns ``fn(model, **kwargs)``."""
     compiled = torch.compile(model.forward, dynamic=False, fullgraph=True,
-                             options={"guard_filter_fn": lambda entries: [False for _ in entries]})
+                             options={"guard_filter_fn": lambda entries: [False for _ in entries],
+                                      "post_grad_custom_pre_pass": shared_products_pass()})
     fn = compiled.aot_compile(((), kwargs))
     if path is not None:
         try:

@@ -20,8 +20,11 @@ run the target themselves (self-spec) stay eager on the same static cache.
 
 Linear layers are the ``onednn`` backend's prepacked ones where that backend runs (fp32 on the
 CPU: 1.1x faster for one-token steps and 1.7x for 8-token blocks than the stock ones inside the
-same graph), else the stock ones; the compiled graph is the model as loaded, in a different
-operation order: ``compiled`` is a backend of its own, lossless with respect to ``ar`` on it.
+same graph), else the stock ones. Siblings that read one input (q/k/v, gate/up) share one packed
+weight per group and the step computes each group's product once
+(:class:`~selfspec.kernels.onednn.SharedProductLinear`, :func:`~selfspec.kernels.onednn.shared_products_pass`).
+The compiled graph is the model as loaded, in a different operation order: ``compiled`` is a
+backend of its own, lossless with respect to ``ar`` on it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch
 from ..core import kv_cache
 from ..core.timing import now
 from ..errors import SelfspecError
+from ..kernels.onednn import shared_products_pass
 from ..paths import writable_cache_dir
 from . import aot_step
 from .adapter import BlockOutput, build_mask
@@ -188,8 +192,11 @@ class StaticStep:
             return self.model.forward
         if self._fn is None:
             device = next(self.model.parameters()).device
-            mode = "reduce-overhead" if device.type == "cuda" else None
-            self._fn = torch.compile(self.model.forward, dynamic=False, mode=mode)
+            if device.type == "cuda":  # CUDA graphs (stock layers: no shared products)
+                self._fn = torch.compile(self.model.forward, dynamic=False, mode="reduce-overhead")
+            else:
+                self._fn = torch.compile(self.model.forward, dynamic=False,
+                                         options={"post_grad_custom_pre_pass": shared_products_pass()})
         return self._fn
 
     def warm_up(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> float:
