@@ -12,12 +12,13 @@ from .bf16 import Bf16Linear
 from .gqa_attention import STATIC_NAME
 from .int8 import Int8Linear
 from .int8 import apply as apply_int8
-from .onednn import OneDNNLinear, share_products
+from .onednn import OneDNNLinear, SharedProductLinear, share_products
 from .onednn import apply as apply_onednn
 from .onednn import available as onednn_available
 from .swap import (
     KernelState,
     SwappedLinear,
+    linear_layers,
     original_of,
     restore_attention,
     restore_linears,
@@ -43,8 +44,9 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: Kerne
     elif kernels == "compiled":
         p = next(model.parameters())
         if onednn_available(p.device, p.dtype) is None:  # 1.1x faster at q = 1, 1.7x at q = 8 (docs/performance.md)
-            swap_linears(model, OneDNNLinear, keep, state=state)
             share_products(model, keep, state)  # q/k/v and gate/up: one product each in the step
+            rest = {id(m) for _, _, m in linear_layers(model) if not isinstance(m, SharedProductLinear)}
+            swap_linears(model, OneDNNLinear, keep, only=rest, state=state)  # each weight packed once
         if model.config._attn_implementation == "sdpa":
             use_attention(model, STATIC_NAME, state)  # attends over the static cache without copying KV heads
 

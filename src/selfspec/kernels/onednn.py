@@ -41,7 +41,8 @@ def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 
 # Registered on the library itself, not through ``torch.library.custom_op``: a custom op's kernel
 # runs inside a wrapper that switches Dynamo's frame hook off and on at every call, which cost
-# 10-20 ms per SmolLM2 step from inside the compiled graph (121-211 calls; AVX2, 2 threads).
+# 30-200 us per call from inside the compiled graph (py-spy; SmolLM2 makes 121-211 calls per
+# step; AVX2, 2 threads).
 _LIBRARY.impl("onednn_linear", _onednn_linear, "CompositeExplicitAutograd")
 
 
@@ -87,7 +88,7 @@ class SharedProductLinear(SwappedLinear):
     """One of a group of sibling layers that read the same input (:data:`SIBLINGS`), as the
     ``compiled`` backend's step runs them: the group's product ``x @ [W_1; ...; W_n].T`` with one
     prepacked weight, of which this layer keeps its columns ``[start, start + out_features)``.
-    The step computes the product once per group (:class:`SharedProducts`): one wide matrix
+    The step computes the product once per group (:func:`shared_products_pass`): one wide matrix
     product instead of n narrow ones, which reads the weights faster and calls oneDNN fewer times
     (SmolLM2: 121 calls per step instead of 211). Eager calls (the prompt forward, drafts that run
     the model) run the stock layer.
@@ -185,6 +186,10 @@ def compute_products_once(graph: torch.fx.Graph) -> None:
             seen[key] = node
 
 
+SHARED_PRODUCTS_PASS = "selfspec-shared-products-1"
+"""The version of :func:`shared_products_pass` (its ``uuid``; saved steps' names include it)."""
+
+
 def shared_products_pass() -> object:
     """:func:`compute_products_once` as an Inductor graph pass (a ``CustomGraphPass``, whose
     ``uuid`` keys Inductor's caches), for ``torch.compile(..., options={"post_grad_custom_pre_pass":
@@ -196,7 +201,7 @@ def shared_products_pass() -> object:
             compute_products_once(graph)
 
         def uuid(self) -> str:
-            return "selfspec-shared-products-1"
+            return SHARED_PRODUCTS_PASS
 
     return SharedProducts()
 

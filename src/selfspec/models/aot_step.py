@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..core.machine import machine_id
-from ..kernels.onednn import shared_products_pass
+from ..kernels.onednn import SHARED_PRODUCTS_PASS, shared_products_pass
 from ..kernels.swap import linear_layers
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int,
         "device": str(next(model.parameters()).device),
         "attention": config._attn_implementation,
         "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in linear_layers(model)}),
-        "passes": shared_products_pass().uuid(),
+        "passes": SHARED_PRODUCTS_PASS,
         "machine": machine_id(),  # CPU model, thread count, torch version
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
