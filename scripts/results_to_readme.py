@@ -226,9 +226,11 @@ def headline(reports: list[dict]) -> str:
         f32 = next((n for n in summ if n == "llama.cpp-f32"), None)
         repeats = meta.get("repeats", 1)
         commit = str(env.get("git", "?"))[:12]
+        compiled_note = " (after `selfspec compile`, once per machine)" if "@compiled" in auto else ""
         lines.append(
             f"| {fam} ({env.get('cpu_flags') or 'flags not recorded'}), {env['machine'].split('|')[1]} "
-            f"| `{auto}` | {ratio_ci(rates, auto, 'hf')} | {ratio_ci(rates, auto, f32) if f32 else 'not measured'} "
+            f"| `{auto}`{compiled_note} | {ratio_ci(rates, auto, 'hf')} "
+            f"| {ratio_ci(rates, auto, f32) if f32 else 'not measured'} "
             f"| {ratio_ci(rates, auto, ar)} | {ratio_ci(rates, auto, best) if best else '-'} (`{best}`) "
             f"| {summ[auto].get('identical', '-')} | {repeats} | `{commit}`, {rep['when'] or 'date not recorded'} "
             f"(`{rep['dir'].name}`) |")
@@ -241,8 +243,10 @@ def headline(reports: list[dict]) -> str:
             "model SmolLM2-135M-Instruct, 10 built-in chat prompts × 64 tokens, greedy; default kernels and method "
             "`auto`; every figure a ratio of tokens/s measured in the same process, mean over repeats with a 95% "
             "interval; `generate` is `transformers` fp32 on stock kernels; llama.cpp runs the same weights as F32 "
-            "GGUF through llama-cpp-python on the same prompt ids). A family keeps its last run until someone "
-            "re-measures it.\n\n" + "\n".join(lines) + "\n\n")
+            "GGUF through llama-cpp-python on the same prompt ids). `auto` times the `compiled` backend where "
+            "`selfspec compile` has saved its steps (the script runs it first; without it, `auto` chooses among the "
+            "eager backends). A family keeps its last run until someone re-measures it.\n\n"
+            + "\n".join(lines) + "\n\n")
 
 
 def plot(rows: list[dict], path: Path) -> None:

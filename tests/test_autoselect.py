@@ -108,7 +108,8 @@ def test_halving_picks_the_fastest_pair_prunes_and_disqualifies():
     cal = autoselect.measure(make, cands, PROMPTS, reference="ar", max_new_tokens=40, clock=clock)
     assert cal.identical == {"msn@stock": False, "pld@onednn": False}
     assert "jacobi@stock" in cal.errors and "jacobi@stock" not in cal.speeds
-    assert list(cal.finalists()) == ["pld@stock", "self-spec@stock, draft int8"]
+    # the two fastest, and the fastest reference: plain decoding is always measured against them
+    assert list(cal.finalists()) == ["ar@stock", "pld@stock", "self-spec@stock, draft int8"]
     assert autoselect.select(cal.finalists(), cal.identical) == "self-spec@stock, draft int8"
     assert cal.pruned()["self-spec@onednn, draft int8"] == pytest.approx(28)  # pruned after round 1
     assert gens["msn@onednn"].prompts == ["a", "a"]  # warm-up + the pruning prompt only
@@ -130,7 +131,7 @@ def test_a_budget_cuts_later_rounds_to_what_fits():
                              budget_s=20.0, clock=clock, prune_tokens=None)
     assert gens["pld@stock"].prompts == ["a", "a", "b"] and gens["msn@stock"].prompts == ["a", "a", "b"]
     assert gens["jacobi@stock"].prompts == ["a", "a"]  # pruned: the budget kept two finalists
-    assert list(cal.finalists()) == ["pld@stock", "msn@stock"]
+    assert list(cal.finalists()) == ["ar@stock", "pld@stock", "msn@stock"]
     assert autoselect.select(cal.finalists(), cal.identical) == "pld@stock"
     # a budget spent by round 0: the two fastest still meet on one more prompt, nothing else runs;
     # the one that was faster on the pruning prompt alone (msn) loses over both
@@ -142,8 +143,8 @@ def test_a_budget_cuts_later_rounds_to_what_fits():
                               budget_s=1.0, clock=clock2, prune_tokens=None)
     assert gens2["msn@stock"].prompts == ["a", "a", "b"] and gens2["pld@stock"].prompts == ["a", "a", "b"]
     assert gens2["jacobi@stock"].prompts == ["a", "a"]
-    assert gens2["ar@stock"].prompts == ["a", "a", "b"]  # untimed: the reference ids of prompt b
-    assert list(cal2.finalists()) == ["pld@stock", "msn@stock"]
+    assert gens2["ar@stock"].prompts == ["a", "a", "b"]  # timed: the reference ids of prompt b
+    assert list(cal2.finalists()) == ["ar@stock", "pld@stock", "msn@stock"]
     assert autoselect.select(cal2.finalists(), cal2.identical) == "pld@stock"
 
 
@@ -160,8 +161,26 @@ def test_round_0_prunes_on_fewer_tokens_and_the_budget_projects_full_ones():
     assert gens["msn@stock"].lengths == [autoselect.WARMUP_TOKENS, 8, 40]
     assert gens["pld@stock"].lengths == [autoselect.WARMUP_TOKENS, 8, 40]
     assert gens["ar@stock"].lengths == [autoselect.WARMUP_TOKENS, 8, 40]  # pruned, but the reference ids at 40
-    assert set(cal.finalists()) == {"msn@stock", "pld@stock"}
+    assert set(cal.finalists()) == {"ar@stock", "msn@stock", "pld@stock"}
     assert autoselect.PRUNE_TOKENS < autoselect.CALIBRATION_TOKENS
+
+
+def test_plain_decoding_stays_a_finalist_and_wins_a_near_tie():
+    """A speculative configuration that led the short pruning prompt but decodes slower than ar
+    over the later prompts is not chosen: ar, pruned by rank, is kept and measured beside it."""
+    clock = FakeClock()
+    gens = {"ar@stock": FakeGen(clock, 20), "ar@onednn": FakeGen(clock, 18),
+            "pld@onednn": FakeGen(clock, 19, speeds={"a": 30}), "self-spec@onednn:int8": FakeGen(clock, 18.5,
+                                                                                            speeds={"a": 29}),
+            "msn@stock": FakeGen(clock, 15, speeds={"a": 28}), "jacobi@onednn": FakeGen(clock, 14, speeds={"a": 27}),
+            "self-spec@stock:int8": FakeGen(clock, 14, speeds={"a": 26})}
+    make, _ = fakes(clock, gens)
+    cal = autoselect.measure(make, [cand(label) for label in gens], PROMPTS, reference="ar", max_new_tokens=40,
+                             clock=clock)
+    assert set(cal.finalists()) == {"ar@stock", "pld@onednn"}  # ar, 6th on the pruning prompt, was kept
+    assert "ar@onednn" in cal.pruned()  # the fastest reference only (its ids still checked the onednn ones)
+    assert gens["ar@stock"].prompts == ["a", "a", "b", "c", "d"]
+    assert autoselect.select(cal.finalists(), cal.identical) == "ar@stock"
 
 
 def test_fit_round_shrinks_prompts_then_finalists():
@@ -271,7 +290,7 @@ def test_choice_is_cached_and_a_corrupt_cache_is_measured_again(tiny):
     choose, cands = chooser(tiny, FakeClock(), counts)
     first = choose(remeasure=True)
     assert first.candidate == cand("self-spec@stock:int8") and not first.cached and len(counts) == 1
-    assert set(first.table) == {"self-spec@stock, draft int8", "pld@stock"}
+    assert set(first.table) == {"ar@stock", "self-spec@stock, draft int8", "pld@stock"}
     again = choose()
     assert again.cached and again.candidate == first.candidate and len(counts) == 1  # from the cache
     path = autoselect.cache_path(tiny, cands)
@@ -364,3 +383,47 @@ def test_a_new_skip_config_invalidates_the_cached_choice(tiny):
         assert not choose().cached and len(counts) == 2
     finally:
         p.unlink()
+
+
+def test_auto_times_the_compiled_backend_only_for_methods_whose_steps_are_saved(tiny_dir, tmp_path, monkeypatch):
+    """auto compiles nothing: with no step saved here it leaves the compiled backend out; where
+    ar's one step is saved (pretended; the step runs eagerly) ar@compiled is a candidate, the
+    speculative methods, whose 7 block sizes are not all saved, are not; the choice stays exact."""
+    from selfspec.models.compiled_step import StaticStep
+
+    from .conftest import REAL_COMPILED_READY
+
+    monkeypatch.setattr(selfspec.api, "compiled_ready", REAL_COMPILED_READY)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(StaticStep, "_step_for", lambda self, shape, kwargs: self.model.forward)
+    seen = spy_on_choose(monkeypatch)
+    target = load_model(str(tiny_dir), kernels="stock")
+    selfspec.load(target, method="auto", kernels="auto", self_test=False)
+    assert seen[-1] and not any(label.endswith("@compiled") for label in seen[-1])
+    with pytest.raises(SelfspecError, match="selfspec compile"):
+        selfspec.load(target, method="auto", kernels="compiled", self_test=False)
+    (tmp_path / "aot").mkdir()
+    (tmp_path / "aot" / "step-1x512-pretend.bin").write_bytes(b"")
+    monkeypatch.setattr(StaticStep, "missing", lambda self, capacity, sizes, want_hidden:
+                        [] if tuple(sizes) == (1,) else [(2, capacity, want_hidden)])
+    g = selfspec.load(target, method="auto", kernels="auto", self_test=False, remeasure=True)
+    assert [label for label in seen[-1] if label.endswith("@compiled")] == ["ar@compiled"]
+    assert target.backend == g.kernels
+    # chosen on compiled (forced here): a request whose larger static cache has no saved steps runs on
+    # the best configuration measured without them, exact on its kernels; one that fits runs compiled
+    monkeypatch.setattr(autoselect.choice, "select", lambda table, identical=None: "ar@compiled")
+    monkeypatch.setattr(StaticStep, "missing", lambda self, capacity, sizes, want_hidden:
+                        [] if tuple(sizes) == (1,) and capacity == 512 else [(1, capacity, want_hidden)])
+    g = selfspec.load(target, method="auto", kernels="auto", self_test=False, remeasure=True)
+    assert g.method == "auto→ar@compiled" and g.fallback is not None
+    ids = prompt_ids(1, 12)
+    short, long = g.generate(ids, max_new_tokens=20), g.generate(ids, max_new_tokens=400)
+    assert short.kernels == "compiled" and long.kernels != "compiled" and long.method == f"auto→{g.fallback.label}"
+    ref = selfspec.load(target, method="ar", kernels=long.kernels, self_test=False).generate(ids, max_new_tokens=400)
+    assert long.token_ids == ref.token_ids
+    assert g.generate(ids, max_new_tokens=20).kernels == "compiled"  # and back
+    g = selfspec.load(target, method="auto", kernels="compiled", self_test=False, remeasure=True)
+    assert g.method == "auto→ar@compiled" and g.auto_choice is not None  # the one candidate there
+    ar = selfspec.load(g.target, method="ar")
+    ids = prompt_ids(0, 12)
+    assert g.generate(ids, max_new_tokens=20).token_ids == ar.generate(ids, max_new_tokens=20).token_ids

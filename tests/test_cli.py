@@ -33,7 +33,6 @@ def run(capsys, *argv):
     ["--kernels", "fast"],
     ["--kernels", "int8,stock"],
     ["--kernels", "onednn", "--dtype", "bfloat16"],
-    ["--kernels", "compiled"],  # the default method auto cannot calibrate on compiled kernels
     ["--method", "auto", "--k", "3"],
     ["--method", "auto", "--head", "somewhere"],
     ["--method", "pld", "--remeasure"],
@@ -440,3 +439,26 @@ def test_notes_are_printed_once_and_logging_is_restored(tiny_dir, capsys):
     notes = [line for line in err.splitlines() if line.startswith("selfspec: auto: measuring")]
     assert len(notes) == 1 and not [r for r in seen if r.name.startswith("selfspec")]
     assert (logger.level, logger.propagate, list(logger.handlers)) == before
+
+
+@pytest.mark.matrix  # compiles a step (half a minute): with the compiled backend's heavier tests
+def test_compile_saves_the_steps_auto_may_then_time(capsys, tiny_dir, tmp_path, monkeypatch):
+    """``selfspec compile`` compiles and saves the steps of the methods named (a second run and
+    --list find them saved), auto's test of readiness then finds them, and bad input is one line."""
+    from selfspec.models.loading import load_model
+
+    from .conftest import REAL_COMPILED_READY
+
+    code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "ar", "--list")
+    assert code == 0 and "steps saved for" in out
+    code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "ar")
+    assert code == 0
+    code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "ar")
+    assert code == 0 and "steps saved for ar; 0 to compile" in out
+    assert REAL_COMPILED_READY(load_model(str(tiny_dir), kernels="stock"), ["ar"]) == ["ar"]
+    for bad in (["--methods", "nope"], ["--max-tokens", "0"]):
+        code, out, err = run(capsys, "compile", "--model", str(tiny_dir), *bad)
+        assert code == 2 and err.strip().startswith("selfspec: error:") and len(err.strip().splitlines()) == 1
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # nothing saved: auto on compiled says what to run
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--kernels", "compiled", "w1 w2")
+    assert code == 2 and "selfspec compile" in err and "Traceback" not in err

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +28,11 @@ from .models.compiled_step import MIN_CAPACITY, capacity_for
 from .models.loading import LoadedModel, load_model
 from .models.selftest import keep_int8_promise, tree_self_test
 from .registry import AUTO, BASELINE, METHODS, BuildContext, method_config
+
+if TYPE_CHECKING:
+    from .autoselect import Candidate
+
+log = logging.getLogger("selfspec.auto")
 
 
 @dataclass
@@ -88,6 +96,28 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@dataclass
+class CompiledFallback:
+    """Where a configuration ``auto`` chose on the compiled backend runs a request whose static
+    cache (its prompt + new tokens) needs compiled steps that are not saved here: ``auto`` never
+    compiles mid-request (each step takes most of a minute), so such a request runs on the best
+    configuration ``auto`` measured without the compiled step, lossless on its own kernels.
+
+    Attributes:
+        sizes: the verify-block sizes of the compiled configuration.
+        label: the configuration used instead (``pld@onednn``).
+        build: builds its generator on the same loaded model (once, on first need).
+        generator: the one built.
+        saved: by static-cache size, whether every step of ``sizes`` is saved (checked once each).
+    """
+
+    sizes: tuple[int, ...]
+    label: str
+    build: Callable[[], SpeculativeGenerator]
+    generator: SpeculativeGenerator | None = None
+    saved: dict[int, bool] = field(default_factory=dict)
+
+
 class SpeculativeGenerator:
     """A target model plus one method. Not thread-safe: one request at a time.
 
@@ -109,6 +139,7 @@ class SpeculativeGenerator:
         self.last_result: GenerationResult | None = None
         self.auto_choice = None  # where auto chose the configuration: its autoselect.Choice
         self.auto_table: dict[str, float] | None = None  # ... and the finalists' calibration tokens/s by label
+        self.fallback: CompiledFallback | None = None  # auto on compiled: requests whose steps are not saved
         gc = target.model.generation_config
         eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
         if eos is None and target.tokenizer is not None:
@@ -196,6 +227,24 @@ class SpeculativeGenerator:
             sampling="greedy" if state.warper.greedy else state.cfg.sampling,
         )
 
+    def _instead(self, prompt: str | Sequence[int], cfg: GenerationConfig, chat: bool) -> SpeculativeGenerator | None:
+        """The generator of :attr:`fallback` where this request's compiled steps are not saved here."""
+        fb, step = self.fallback, self.target.step
+        if fb is None or step is None:
+            return None
+        n = len(encode_prompt(self.tokenizer, prompt, chat, self.target.model.config.vocab_size))
+        capacity = capacity_for(n + cfg.max_new_tokens)
+        if capacity not in fb.saved:
+            fb.saved[capacity] = not step.missing(capacity, fb.sizes, self.drafter.needs_hidden)
+        if fb.saved[capacity]:
+            return None
+        if fb.generator is None:
+            log.info(f"auto: this request needs a {capacity}-position static cache, whose compiled steps are not "
+                     f"saved here: it runs on {fb.label} (auto never compiles mid-request; `selfspec compile "
+                     f"--max-tokens {n + cfg.max_new_tokens}` compiles them once)")
+            fb.generator = fb.build()
+        return fb.generator
+
     def steps(self, prompt, chat: bool = True, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:
         """The decode loop, one item per verify step: ``(state, ids committed at it)``. The state is
         live (``state.stats``, ``state.done``, ``state.finish_reason``); stop iterating to cancel
@@ -204,6 +253,11 @@ class SpeculativeGenerator:
         cfg = GenerationConfig(**gen_kwargs)
         if self.target.backend != self.kernels:
             self.target.use_kernels(self.kernels, keep=True)
+        other = self._instead(prompt, cfg, chat)
+        if other is not None:
+            yield from other.steps(prompt, chat, **gen_kwargs)
+            self.last_result = other.last_result
+            return
         state = self._state(prompt, cfg, chat)
         try:
             with torch_threads(self.threads):  # under rejection sampling the controller restores the load-time state
@@ -319,9 +373,6 @@ def _load(model: str | LoadedModel, method: str, device: str | None, dtype: str 
     else:
         kernels = kernels or default_kernels()
         target = load_model(model, device, dtype, trust_remote_code, kernels="stock" if kernels == AUTO else kernels)
-    if method == AUTO and kernels == "compiled":
-        raise SelfspecError("method auto cannot calibrate on the compiled kernels (every block size compiles for a "
-                            "minute or more before it can be timed); name a method, e.g. --method ar or --method pld")
     if kernels != AUTO and kernels != target.backend:
         target.use_kernels(kernels)
     if self_test:
@@ -333,15 +384,52 @@ def _load(model: str | LoadedModel, method: str, device: str | None, dtype: str 
     return _build(target, method, method_options, trust_remote_code)
 
 
-def _build(target: LoadedModel, method: str, options: dict, trust_remote_code: bool) -> SpeculativeGenerator:
-    """``method`` with ``options`` on ``target`` as it is now (its current kernels), through the registry."""
+def _build(target: LoadedModel, method: str, options: dict, trust_remote_code: bool,
+           sizes: tuple[int, ...] = (1,)) -> SpeculativeGenerator:
+    """``method`` with ``options`` on ``target`` as it is now (its current kernels), through the
+    registry. On the compiled backend, the steps of blocks of ``sizes`` compile (or load from the
+    cache) now, not mid-request."""
     ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code,
                        kernels=target.backend)
     spec = METHODS[method]
     drafter = spec.build(target, method_config(method, options), ctx)
-    if target.step is not None:  # compiled: the one-token step compiles (or loads from the cache) now, not mid-request
-        target.step.warm_up(MIN_CAPACITY, (1,), drafter.needs_hidden)
+    if target.step is not None:
+        target.step.warm_up(MIN_CAPACITY, sizes, drafter.needs_hidden)
     return SpeculativeGenerator(target, method, drafter, spec.lossless)
+
+
+def compiled_ready(target: LoadedModel, methods: Sequence[str]) -> list[str]:
+    """Those of ``methods`` whose compiled steps (every block size of
+    :func:`~selfspec.models.compiled_step.block_sizes`, on the default static cache, with or
+    without hidden states) are saved on this machine, so that ``auto`` can time them on the
+    ``compiled`` backend without compiling anything (``selfspec compile`` saves them). Switches
+    ``target`` to the compiled backend (keeping its current layers) only where some step of this
+    model could be saved; it is left on the backend it was on."""
+    from .models import aot_step
+    from .models.compiled_step import block_sizes, compile_cache_dir
+
+    d = compile_cache_dir()
+    if d is None or not aot_step.supported(target.device) or target.model.dtype != torch.float32:
+        return []
+    if not any((Path(d) / "aot").glob(f"step-1x{MIN_CAPACITY}-*.bin")):  # nothing compiled here yet: no switch
+        return []
+    before = target.backend
+    target.use_kernels("compiled", keep=True)
+    try:
+        step = target.step
+        assert step is not None
+        return [m for m in methods
+                if any(not step.missing(MIN_CAPACITY, block_sizes(m), hidden) for hidden in (False, True))]
+    finally:
+        target.use_kernels(before, keep=True)
+
+
+def _auto_sizes(c: Candidate) -> tuple[int, ...]:
+    """The compiled block sizes of a candidate of ``auto``: all it verifies on the compiled backend
+    (saved here, or it would be no candidate), loaded before it is timed so no timed run loads one."""
+    from .models.compiled_step import block_sizes
+
+    return block_sizes(c.method) if c.kernels == "compiled" else (1,)
 
 
 def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, trust_remote_code: bool,
@@ -355,27 +443,55 @@ def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, 
     from .drafters.spec import AutoContext
     from .kernels.auto import candidates as fp32_kernels
 
-    backends = fp32_kernels(target.model) if kernels == AUTO else [kernels]
-    if method == AUTO:
-        ctx = AutoContext(draft_model=options.get("draft_model") or None)
-        cands = autoselect.candidates(target, METHODS.values(), backends, ctx)
-        reference: str | None = BASELINE
-    else:  # only kernels are chosen: nothing to compare the user's method with
-        cands = [autoselect.Candidate(method, dict(options), k) for k in backends]
-        reference = None
+    backends = [k for k in fp32_kernels(target.model) if k != "compiled"] if kernels == AUTO else [kernels]
+    ctx = AutoContext(draft_model=options.get("draft_model") or None,  # precisions found (and noted) once
+                      draft_precisions=autoselect.usable_precisions(target.device.type) if method == AUTO else ())
+
+    def on(kernel_list: list[str]) -> list[autoselect.Candidate]:
+        if method == AUTO:
+            return autoselect.candidates(target, METHODS.values(), kernel_list, ctx)
+        return [autoselect.Candidate(method, dict(options), k) for k in kernel_list]  # only kernels are chosen
+
+    cands = on(backends)
+    reference = BASELINE if method == AUTO else None  # a fixed method has nothing to be compared with
+    if kernels in (AUTO, "compiled") and (method == AUTO or kernels == AUTO):
+        # the compiled step, for the methods whose steps are saved here: auto compiles nothing itself
+        compiled = on(["compiled"])
+        ready = compiled_ready(target, list(dict.fromkeys(c.method for c in compiled)))
+        cands = [c for c in cands if c.kernels != "compiled"] + [c for c in compiled if c.method in ready]
+        if not ready:
+            if kernels == "compiled":
+                raise SelfspecError("auto on the compiled kernels times only steps compiled ahead, and none are "
+                                    "saved here for this model: run `selfspec compile` first (minutes, once per "
+                                    "machine), or name a method, e.g. --method pld")
+            log.info("auto: the compiled kernels are left out: their steps are not compiled on this machine "
+                     "(`selfspec compile` compiles them once, in minutes; auto then times them too)")
 
     def make(c: autoselect.Candidate) -> SpeculativeGenerator:
         if target.backend != c.kernels:
             target.use_kernels(c.kernels, keep=True)  # in place: the other backends' layers stay for the next
-        return _build(target, c.method, c.options, trust_remote_code)
+        return _build(target, c.method, c.options, trust_remote_code, _auto_sizes(c))
 
     choice = autoselect.choose(target, make, cands, reference, remeasure=remeasure)
     c = choice.candidate
     if len(backends) > 1 or target.backend != c.kernels:
         target.use_kernels(c.kernels, keep=keep)  # without keep: frees the layers of the backends not chosen
-    g = _build(target, c.method, c.options, trust_remote_code)
+    g = _build(target, c.method, c.options, trust_remote_code)  # later block sizes: saved, loaded when first met
     if method == AUTO:
         g.method = autoselect.auto_label(c)
     g.auto_choice = choice
     g.auto_table = choice.table
+    measured = {**choice.pruned, **choice.table}
+    alt = max((x for x in cands if x.kernels != "compiled" and x.label in measured), key=lambda x: measured[x.label],
+              default=None)
+    if c.kernels == "compiled" and alt is not None:
+
+        def build_alt() -> SpeculativeGenerator:
+            target.use_kernels(alt.kernels, keep=True)
+            h = _build(target, alt.method, alt.options, trust_remote_code)
+            if method == AUTO:
+                h.method = autoselect.auto_label(alt)
+            return h
+
+        g.fallback = CompiledFallback(_auto_sizes(c), alt.label, build_alt)
     return g

@@ -170,7 +170,7 @@ def test_compiled_steps_are_warmed_up_for_every_cache_size_the_prompts_need(tiny
     """A short and a long prompt need 512- and 1024-position static caches: both are compiled
     before timing (not only the longest prompt's), so no timed run pays a compile. The step runs
     eagerly here (what is tested is which shapes the bench asks for)."""
-    from selfspec.bench.runner import WARM_BLOCKS
+    from selfspec.models.compiled_step import SPECULATIVE_BLOCKS as WARM_BLOCKS
     from selfspec.models.compiled_step import StaticStep
 
     calls = []

@@ -200,6 +200,39 @@ def test_a_second_process_loads_the_saved_step_without_tracing(compiled, ar_ids,
     assert saved[0].stat().st_size > 1000  # compiled again and replaced
 
 
+def test_module_references_of_every_saved_step_are_found():
+    """The references a step saved as a process's second or later compile needs (counted ``_c1``,
+    ``_c2``, ...: seen on SmolLM2's hidden-states steps) are found, not only a first step's ``_c0``."""
+    from selfspec.models import aot_step
+
+    message = ("Missing required external references: ['___module_collections_140176445960528_c1', "
+               "'___module_torch_nn_functional_7_c0']. Please load AOT compiled function with `f_globals=...`")
+    assert aot_step.module_refs(message) == [("___module_collections_140176445960528_c1", "collections"),
+                                             ("___module_torch_nn_functional_7_c0", "torch_nn_functional")]
+
+
+@pytest.mark.matrix  # compiles three steps
+def test_every_step_a_process_saved_loads_in_the_next(tmp_path, monkeypatch):
+    """A process that compiles several steps names a module their graphs refer to with a count
+    (``___module_collections_<id>_c1`` in its second hidden-states step): every step it saved loads
+    in a new process all the same (once, only the first did, and the rest compiled again)."""
+    from selfspec.models import aot_step
+
+    if not aot_step.supported(torch.device("cpu")):
+        pytest.skip("this PyTorch has no aot_compile")
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    t = load_model(str(save_tiny(tmp_path / "m", "llama", 0, layers=1)), kernels="compiled")
+    assert t.step.missing(512, (1, 2, 4), True) == [(1, 512, True), (2, 512, True), (4, 512, True)]
+    t.step.warm_up(512, (1, 2, 4), True)
+    fresh = StaticStep(t.model)  # as in the next process
+    assert fresh.missing(512, (1, 2, 4), True) == []
+    with monkeypatch.context() as m:
+        m.setattr(aot_step, "compile_step", no_compiling)
+        fresh.warm_up(512, (1, 2, 4), True)
+    assert fresh.compiled == {(1, 512, True), (2, 512, True), (4, 512, True)}
+
+
 def test_saved_steps_are_kept_per_linear_layer_kind(tiny_dir, tmp_path):
     """A step saved for one kind of linear layer (the graph calls oneDNN's operator, or the stock
     matrix product) is never loaded for a model on another: the file name differs."""
@@ -244,6 +277,7 @@ def test_load_time_self_test_passes_on_the_compiled_backend(tiny_dir):
     assert tree_self_test(t.model) < 1e-4
 
 
-def test_auto_method_is_refused_on_compiled_kernels(tiny_dir):
-    with pytest.raises(SelfspecError, match="name a method"):
+def test_auto_method_on_compiled_kernels_without_saved_steps_is_refused(tiny_dir):
+    """auto never compiles while it chooses: with no step saved, it says what to run instead."""
+    with pytest.raises(SelfspecError, match="selfspec compile.*name a method"):
         selfspec.load(str(tiny_dir), method="auto", kernels="compiled")

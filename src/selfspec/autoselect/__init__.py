@@ -41,10 +41,11 @@ from .calibration import (
     fit_round,
     measure,
     select,
+    usable_precisions,
 )
 from .choice import cache_key, cache_path, choose, machine_busy, read_cache
 
 __all__ = ["AUTO_PREFIX", "BUDGET_S", "CACHE_FORMAT", "CALIBRATION_PROMPTS", "CALIBRATION_TOKENS", "PRUNE_TOKENS",
            "ROUNDS", "WARMUP_TOKENS", "Calibration", "Candidate", "Choice", "Decoder", "auto_label", "cache_key",
            "cache_path", "calibration_prompts", "candidates", "choose", "config_label", "fit_round", "machine_busy",
-           "measure", "read_cache", "select"]
+           "measure", "read_cache", "select", "usable_precisions"]

@@ -29,7 +29,7 @@ ROUNDS: tuple[tuple[int, int | None], ...] = ((1, None), (2, 4), (1, 2))
 # skipped to fit, by what round 0 measured; round 0 itself is every candidate once, whatever it
 # costs, and the two fastest always decode one more prompt (a one-prompt choice is noise).
 BUDGET_S = 60.0
-CACHE_FORMAT = "selfspec-auto/2"
+CACHE_FORMAT = "selfspec-auto/3"  # 3: the fastest reference is always a finalist
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,7 @@ def candidates(target: LoadedModel, specs: Iterable[MethodSpec], kernels: Sequen
     ctx = ctx or AutoContext()
     usable = ctx.draft_precisions
     if usable is None:
-        from ..kernels.switch import draft_precisions
-
-        usable, left_out = draft_precisions(next(target.model.parameters()).device.type)
-        for precision, why in left_out.items():
-            log.info("auto: %s drafts left out: %s", precision, why)
+        usable = usable_precisions(next(target.model.parameters()).device.type)
     out: list[Candidate] = []
     for spec in specs:
         if spec.auto is None or not spec.lossless:
@@ -145,6 +141,16 @@ def candidates(target: LoadedModel, specs: Iterable[MethodSpec], kernels: Sequen
                     continue  # drafts on the verify kernels: the "same" variant
                 out.append(Candidate(spec.name, opts, k, precision))
     return out
+
+
+def usable_precisions(device_type: str) -> tuple[str, ...]:
+    """The draft precisions that can pay on this kind of device (each one left out noted, with why)."""
+    from ..kernels.switch import draft_precisions
+
+    usable, left_out = draft_precisions(device_type)
+    for precision, why in left_out.items():
+        log.info("auto: %s drafts left out: %s", precision, why)
+    return tuple(usable)
 
 
 def calibration_prompts(n: int = CALIBRATION_PROMPTS) -> list[str]:
@@ -193,8 +199,10 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
     the whole calibration (builds included) where it can: a later round whose projected time (each
     finalist's seconds per prompt so far) would overrun it runs fewer prompts, then only the two
     fastest, or is skipped (None: no bound); the first later round always keeps one prompt for
-    the two fastest. Round 0, where every candidate decodes once and which only prunes, decodes
-    ``prune_tokens`` (None: ``max_new_tokens``); the later rounds ``max_new_tokens``. Every
+    the two fastest. The fastest reference candidate stays in every round besides the finalists the
+    round keeps, so the choice is made against plain decoding on the same prompts. Round 0, where
+    every candidate decodes once and which only prunes, decodes ``prune_tokens`` (None:
+    ``max_new_tokens``); the later rounds ``max_new_tokens``. Every
     candidate that reaches a round has decoded the same prompts at the same lengths as the others
     there, so speeds compare alike. ``clock`` times the runs (injected in tests)."""
     by_label = {c.label: c for c in cands}
@@ -284,6 +292,10 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
         idx = idx[: fitted[0]]
         keep_n = fitted[1]
         kept = set(ranked[:keep_n])
+        # the fastest reference stays a finalist: a speculative configuration wins only by beating plain
+        # decoding head-to-head on the same prompts (a near-tie on the short pruning prompt once chose a
+        # configuration slower than ar); its ids are decoded for the others anyway
+        kept.update(next(([lab] for lab in ranked if is_reference(by_label[lab])), []))
         # the reference first on each prompt, so its timed run also gives the others' reference ids
         alive = sorted((lab for lab in alive if lab in kept), key=lambda lab: not is_reference(by_label[lab]))
         for i in idx:  # interleaved, so a change of machine load hits every finalist alike

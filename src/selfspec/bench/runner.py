@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import SelfspecError
-from ..models.compiled_step import capacity_for
+from ..models.compiled_step import block_sizes, capacity_for
 from ..paths import check_output_dir
 from .datasets import Prompt, load_dataset
 from .llamacpp import LLAMA_PEERS, LlamaCppPeer, PeerFailure, expand_peers, model_gguf, require_llama_cpp
@@ -243,10 +243,6 @@ def load_contenders(b: BenchRun) -> None:
     (b.out / "meta.json").write_text(json.dumps(b.meta, indent=1))
 
 
-WARM_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
-"""Block sizes compiled before timing on the ``compiled`` backend (a larger one compiles when met)."""
-
-
 def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
     """Every method and peer once on a short generation; the llama.cpp peers started (returned)."""
     args, warm, short = b.args, b.prompts[0], min(16, b.args.max_new_tokens)
@@ -256,7 +252,7 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
         if g.target.step is not None:  # compiled: every block size a method proposes compiled before timing,
             if capacities is None:  # for the cache size of every prompt
                 capacities = sorted({capacity_for(len(b.prompt_ids(p)) + args.max_new_tokens) for p in b.prompts})
-            sizes = (1,) if g.method == "ar" else WARM_BLOCKS
+            sizes = block_sizes(g.method)
             s = sum(g.target.step.warm_up(c, sizes, g.drafter.needs_hidden) for c in capacities)
             print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} "
                   f"({', '.join(map(str, capacities))}-position caches) in {s:.0f} s", file=sys.stderr)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 
 from ..errors import SelfspecError
-from . import bench, demo, export, generate, models, profile, serve, tune
+from . import bench, compile, demo, export, generate, models, profile, serve, tune
 from .common import EXIT_USAGE, Parser, version
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="selfspec", description="Lossless speculative decoding on Hugging Face models.")
     p.add_argument("--version", action="version", version=f"selfspec {version()}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    for command in (generate, demo, models, profile, tune):
+    for command in (generate, demo, models, compile, profile, tune):
         command.add_parser(sub)
     from ..train.command import add_train_parser
 
@@ -48,6 +48,8 @@ def _resume_hint(args: argparse.Namespace | None) -> str:
     if hasattr(args, "resume"):  # train, bench: checkpoints / records in --out
         again = "run the same command again" if args.resume else "run the same command with --resume"
         return f"; {again} to continue from where it stopped (--out {args.out})"
+    if getattr(args, "cmd", None) == "compile":
+        return "; run the same command again to compile what is missing (the steps compiled so far are saved)"
     if getattr(args, "cmd", None) == "tune" and getattr(args, "state", None):
         return f"; run the same command again to continue the search (--state {args.state})"
     return ""

@@ -38,7 +38,9 @@ from ..kernels.swap import linear_layers
 
 log = logging.getLogger(__name__)
 
-_MODULE_REF = re.compile(r"'(___module_(\w+?)_\d+_c0)'")
+# A module a graph refers to, as the saving process named it: ``___module_<dotted name, "." -> "_">_<id>_c<n>``,
+# where n counts the earlier steps that process compiled with the same reference (c1 for its second step).
+_MODULE_REF = re.compile(r"'(___module_(\w+?)_\d+_c\d+)'")
 
 
 def supported(device: torch.device) -> bool:
@@ -85,6 +87,12 @@ def _external(model: torch.nn.Module) -> dict[str, object]:
     return out
 
 
+def module_refs(message: str) -> list[tuple[str, str]]:
+    """The module references a saved step could not resolve, from the error that names them:
+    ``[(reference, module name with "." as "_")]``."""
+    return _MODULE_REF.findall(message)
+
+
 def _module_named(mangled: str) -> object | None:
     """The loaded module whose dotted name, with dots as underscores, is ``mangled``."""
     for name, module in list(sys.modules.items()):
@@ -124,8 +132,7 @@ def load_step(path: Path, model: torch.nn.Module) -> Callable | None:
             try:
                 return AOTCompiledFunction.deserialize(data, f_globals=env, external_closure_data=_external(model))
             except RuntimeError as e:
-                refs = _MODULE_REF.findall(str(e))
-                missing = [(full, _module_named(short)) for full, short in refs if full not in env]
+                missing = [(full, _module_named(short)) for full, short in module_refs(str(e)) if full not in env]
                 if not missing or any(m is None for _, m in missing):
                     raise
                 env.update(missing)

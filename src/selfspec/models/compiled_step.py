@@ -54,6 +54,9 @@ MIN_CAPACITY = 512
 """Static caches hold at least this many positions (one compiled graph for most requests). Every
 step attends over the whole capacity: on SmolLM2 (AVX2, 2 threads) a 1-token step took 70 ms at
 512 positions and 74 ms at 1024, against 86 ms eager on a growing cache."""
+SPECULATIVE_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
+"""Block sizes compiled ahead for a speculative method (``ar`` verifies one token at a time);
+a larger block compiles when met."""
 INDUCTOR_DIR = "TORCHINDUCTOR_CACHE_DIR"
 HEADROOM = BUCKETS[-1]
 """Positions kept free after the request's last token: a padded verify block, or a self-drafted
@@ -68,6 +71,12 @@ def bucket(t: int) -> int:
         if t <= b:
             return b
     return -(-t // BUCKETS[-1]) * BUCKETS[-1]
+
+
+def block_sizes(method: str) -> tuple[int, ...]:
+    """The verify-block sizes ``method`` is compiled for ahead of use (the benchmark's warm-up,
+    ``selfspec compile``, and ``auto``'s test of whether its steps are saved here)."""
+    return (1,) if method == "ar" else SPECULATIVE_BLOCKS
 
 
 def capacity_for(tokens: int) -> int:
@@ -141,6 +150,7 @@ class StaticStep:
     _aot: dict[tuple[int, int, bool], Callable | None] = field(default_factory=dict, repr=False)
     _free: dict[int, list] = field(default_factory=dict, repr=False)
     _dir: str | None = field(default=None, repr=False)
+    _loaded: set[tuple[int, int, bool]] = field(default_factory=set, repr=False)  # loaded, not compiled, here
 
     def take_cache(self, capacity: int):
         """An empty static cache of ``capacity`` positions for one request: one an earlier request
@@ -172,11 +182,16 @@ class StaticStep:
         if not self.compile:
             return self.model.forward
         if shape not in self._aot:
-            if not aot_step.supported(next(self.model.parameters()).device):
+            if not aot_step.supported(next(self.model.parameters()).device):  # torch.compile's own cache
+                if shape not in self.compile_s:
+                    self._compiling(shape)
                 return self._compiled_forward()
             path = aot_step.artifact_path(self._dir, self.model, shape) if self._dir else None
             fn = aot_step.load_step(path, self.model) if path is not None else None
-            if fn is None:
+            if fn is not None:
+                self._loaded.add(shape)
+            else:
+                self._compiling(shape)
                 try:
                     with inductor_cache(self._dir):
                         fn = aot_step.compile_step(self.model, kwargs, path)
@@ -186,6 +201,12 @@ class StaticStep:
             self._aot[shape] = fn
         fn = self._aot[shape]
         return functools.partial(fn, self.model) if fn is not None else self._compiled_forward()
+
+    def _compiling(self, shape: tuple[int, int, bool]) -> None:
+        p, width, want_hidden = shape
+        log.info(f"compiling the decode step for {p}-token blocks ({'with' if want_hidden else 'no'} hidden states, "
+                 f"{width}-position cache; once per machine and thread count, then loaded from "
+                 f"{self._dir or 'nowhere: no writable cache directory'}) ...")
 
     def _compiled_forward(self):
         if not self.compile:
@@ -198,6 +219,20 @@ class StaticStep:
                 self._fn = torch.compile(self.model.forward, dynamic=False,
                                          options={"post_grad_custom_pre_pass": shared_products_pass()})
         return self._fn
+
+    def missing(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> list[tuple[int, int, bool]]:
+        """The shapes ``(padded T, capacity, hidden)`` of blocks of ``sizes`` that neither ran in this
+        process nor are saved on disk here (a later process loads a saved step in a fraction of a
+        second instead of compiling it). On devices whose steps are not saved (CUDA), every shape
+        not compiled in this process."""
+        shapes = sorted({(bucket(s), capacity, want_hidden) for s in sizes if bucket(s) + 1 <= capacity})
+        todo = [sh for sh in shapes if sh not in self.compile_s]
+        if not self.compile:
+            return []
+        d = compile_cache_dir()
+        if d is None or not aot_step.supported(next(self.model.parameters()).device):
+            return todo
+        return [sh for sh in todo if not aot_step.artifact_path(d, self.model, sh).is_file()]
 
     def warm_up(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> float:
         """Compile the step for blocks of each of ``sizes`` (padded as :func:`bucket`) on a
@@ -286,15 +321,15 @@ class StaticStep:
                       **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden)
         if first:  # the cache directory, resolved before anything compiles (Inductor reads it then)
             self._dir = compile_cache_dir()
-            log.info(f"compiling the decode step for {p}-token blocks ({'with' if want_hidden else 'no'} hidden "
-                     f"states, {width}-position cache; once per machine and thread count, then loaded from "
-                     f"{self._dir or 'nowhere: no writable cache directory'}) ...")
         t0 = now(None)
         with inductor_cache(self._dir):
             out = self._step_for(shape, kwargs)(**kwargs)
         if first:
             self.compile_s[shape] = now(device) - t0
-            log.info(f"the {p}-token step is ready ({self.compile_s[shape]:.1f} s)")
+            if shape in self._loaded:
+                log.debug(f"loaded the saved {p}-token step ({self.compile_s[shape]:.1f} s)")
+            else:
+                log.info(f"the {p}-token step is ready ({self.compile_s[shape]:.1f} s)")
         kv_cache.set_length(cache, base + t)
         hidden = tuple(h[0, :t] for h in out.hidden_states) if want_hidden else None
         return BlockOutput(out.logits[0, :t].float(), hidden)
