@@ -1,8 +1,10 @@
 """The matrix products of SmolLM2's 30 layers and LM head alone, one oneDNN call per layer against
 one per group of siblings that read the same input (q/k/v, gate/up), and PyTorch's stock kernels
 likewise (issue 34: ``SharedProductLinear``). Random weights of SmolLM2-135M's shapes (538 MB,
-so caches are cold as in a real step); the LM head is oneDNN's in every variant. Medians of
-``--rounds`` interleaved rounds, ms, at 1 and 8 rows.
+so caches are cold as in a real step); the LM head is oneDNN's in every variant. ``--mkl`` adds
+MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, weights packed for one row), one call per group,
+as a candidate for the compiled step's layers. Medians of ``--rounds`` interleaved rounds, ms, at
+1 and 8 rows.
 
     python experiments/shared_products_sim.py --threads 2 --rounds 12
 """
@@ -24,6 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--mkl", action="store_true", help="also MKL's packed GEMM, one call per group")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     pack = torch.ops.mkldnn._reorder_linear_weight
@@ -36,7 +39,11 @@ def main() -> None:
         w = {"q": torch.randn(H, H), "k": torch.randn(KV, H), "v": torch.randn(KV, H), "o": torch.randn(H, H),
              "g": torch.randn(INTER, H), "u": torch.randn(INTER, H), "d": torch.randn(H, INTER)}
         w["qkv"], w["gu"] = torch.cat([w["q"], w["k"], w["v"]]), torch.cat([w["g"], w["u"]])
-        layers.append((w, {k: pack(v) for k, v in w.items()}))
+        packed = {k: pack(v) for k, v in w.items()}
+        if args.mkl:
+            mkl_pack = torch.ops.mkl._mkl_reorder_linear_weight
+            packed.update({f"mkl-{k}": mkl_pack(w[k], 1) for k in ("qkv", "o", "gu", "d")})
+        layers.append((w, packed))
     head = pack(torch.randn(VOCAB, H))
 
     def run(q: int, kind: str) -> None:
@@ -48,6 +55,9 @@ def main() -> None:
                 onednn(xi, p["d"])
             elif kind == "onednn, one call per group":
                 onednn(xh, p["qkv"]), onednn(xh, p["o"]), onednn(xh, p["gu"]), onednn(xi, p["d"])
+            elif kind == "mkl packed, one call per group":
+                for n, x in (("qkv", xh), ("o", xh), ("gu", xh), ("d", xi)):
+                    torch.ops.mkl._mkl_linear(x, p[f"mkl-{n}"], w[n], None, 1)
             elif kind == "stock, one call per layer":
                 for n in "qkvogu":
                     F.linear(xh, w[n])
@@ -57,7 +67,7 @@ def main() -> None:
         onednn(xh, head)
 
     kinds = ["onednn, one call per layer", "onednn, one call per group", "stock, one call per layer",
-             "stock, one call per group"]
+             "stock, one call per group"] + (["mkl packed, one call per group"] if args.mkl else [])
     out = {}
     with torch.inference_mode():
         for q in (1, 8):

@@ -419,6 +419,7 @@ def test_auto_times_the_compiled_backend_only_for_methods_whose_steps_are_saved(
     ids = prompt_ids(1, 12)
     short, long = g.generate(ids, max_new_tokens=20), g.generate(ids, max_new_tokens=400)
     assert short.kernels == "compiled" and long.kernels != "compiled" and long.method == f"auto→{g.fallback.label}"
+    assert g.last_method == long.method  # what the server reports for the request
     ref = selfspec.load(target, method="ar", kernels=long.kernels, self_test=False).generate(ids, max_new_tokens=400)
     assert long.token_ids == ref.token_ids
     assert g.generate(ids, max_new_tokens=20).kernels == "compiled"  # and back

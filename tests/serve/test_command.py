@@ -152,7 +152,7 @@ def test_streams_never_split_a_multibyte_character():
             return self.finish_reason is not None
 
     class FakeGenerator:
-        method, lossless, kernels = "scripted", True, "stock"
+        method, lossless, kernels, last_method = "scripted", True, "stock", "scripted"
 
         def __init__(self):
             self.tokenizer = tokenizer

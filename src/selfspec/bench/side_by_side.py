@@ -17,7 +17,7 @@ class SideBySide:
     """The fastest run of each contender on one prompt, and what compares them.
 
     Attributes:
-        ar / spec: the :class:`~selfspec.api.GenerationResult` of ``ar`` and of the method.
+        ar / spec: the :class:`~selfspec.generator.GenerationResult` of ``ar`` and of the method.
         hf: ``transformers`` ``generate`` (fp32, stock kernels) on the same token ids.
         runs: timed runs per contender; load_note: the machine was busy (None: it was not).
     """
@@ -52,7 +52,7 @@ class SideBySide:
 
 
 def side_by_side(ar, spec, prompt: str, gen: dict, runs: int = 2) -> SideBySide:
-    """Warm up, then time ``ar``, ``spec`` (two :class:`~selfspec.api.SpeculativeGenerator` on one
+    """Warm up, then time ``ar``, ``spec`` (two :class:`~selfspec.generator.SpeculativeGenerator` on one
     model) and ``generate`` ``runs`` times each, interleaved, on ``prompt`` with the generation
     keywords ``gen`` (``seed`` set: every contender draws the same one)."""
     from ..decoding.text import encode_prompt

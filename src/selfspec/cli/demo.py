@@ -64,8 +64,24 @@ def run(args: argparse.Namespace) -> int:
           f"{'yes' if m.same_ids_hf else 'no (kernel rounding near a tie; see docs/performance.md)'}")
     if m.load_note:
         print(m.load_note, file=sys.stderr)
+    if _compiled_left_out(args, spec):
+        print("selfspec: note: auto left out the compiled step (a static-shape verify step under torch.compile), "
+              "whose steps are not compiled on this machine yet: `selfspec compile` compiles them once (minutes; "
+              "resumable), and auto then times it too (docs/performance.md, \"auto and the compiled step\")",
+              file=sys.stderr)
     spec.save_cost_correction()
     if kw["temperature"] == 0 and not m.same_ids and s.lossless:
         print("selfspec: error: greedy outputs differ; please report this", file=sys.stderr)
         return 1
     return 0
+
+
+def _compiled_left_out(args: argparse.Namespace, g) -> bool:
+    """Whether ``auto`` chose the kernels and could not time the compiled backend because none of
+    its steps were saved here (where they could be: fp32 on a CPU)."""
+    choice = getattr(g, "auto_choice", None)
+    if args.kernels != "auto" or choice is None or not (choice.table or choice.pruned):
+        return False
+    timed = [*choice.table, *choice.pruned]
+    return (g.target.device.type == "cpu" and str(g.target.model.dtype) == "torch.float32"
+            and not any("@compiled" in label for label in timed))

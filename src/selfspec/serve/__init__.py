@@ -1,4 +1,4 @@
-"""``selfspec serve``: an OpenAI-compatible HTTP server over one :class:`~selfspec.api.SpeculativeGenerator`.
+"""``selfspec serve``: an OpenAI-compatible HTTP server over one :class:`~selfspec.generator.SpeculativeGenerator`.
 
 - :mod:`.protocol`: request validation (OpenAI-style errors) and response bodies, plain Python.
 - :mod:`.engine`: the one decode worker thread, its bounded queue, cancellation and time limit.

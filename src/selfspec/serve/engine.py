@@ -1,6 +1,6 @@
 """The decode worker: one request at a time, off the event loop, behind a bounded queue.
 
-:class:`~selfspec.api.SpeculativeGenerator` holds one KV cache per request and is not
+:class:`~selfspec.generator.SpeculativeGenerator` holds one KV cache per request and is not
 thread-safe, so one worker thread decodes every request in turn; the event loop only validates,
 queues and relays. The worker checks each request's cancel flag and deadline after every decode
 step: a client that went away stops its request at the next step, and a request past the time
@@ -87,7 +87,7 @@ class Engine:
         return self.generator is not None
 
     def attach(self, generator) -> None:
-        """Start serving ``generator`` (a :class:`~selfspec.api.SpeculativeGenerator`)."""
+        """Start serving ``generator`` (a :class:`~selfspec.generator.SpeculativeGenerator`)."""
         tok = generator.tokenizer
         try:
             self._encoder = copy.deepcopy(tok) if tok is not None else None
@@ -280,5 +280,5 @@ class Engine:
         m.observe("e2e_request_latency_seconds", end - job.arrived)
         m.inc("request_success", finished_reason=finish)
         job.push("done", Outcome(text=full, finish_reason=finish, prompt_tokens=len(job.ids),
-                                 completion_tokens=len(gen), steps=state.stats.steps, method=g.method,
+                                 completion_tokens=len(gen), steps=state.stats.steps, method=g.last_method or g.method,
                                  lossless=g.lossless))

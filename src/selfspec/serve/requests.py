@@ -104,7 +104,7 @@ class Request:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def gen_kwargs(self, max_new_tokens: int) -> dict:
-        """Keywords of :meth:`selfspec.api.SpeculativeGenerator.generate` (less prompt and chat)."""
+        """Keywords of :meth:`selfspec.generator.SpeculativeGenerator.generate` (less prompt and chat)."""
         return dict(max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                     top_k=self.top_k, seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos,
                     sampling=self.sampling)
