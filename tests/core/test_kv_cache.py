@@ -86,3 +86,20 @@ def test_half_precision_self_test_passes_and_catches_ignored_mask(dtype, monkeyp
     monkeypatch.setattr(adapter, "build_mask", lambda base, block, impl, dtype, device: None)
     with pytest.raises(SelfspecError, match="ignores the 4-D tree mask"):
         tree_self_test(model)
+
+
+def test_static_cache_length_resets_outside_inference_mode(model):
+    """On CUDA, transformers moves a static layer's counter to the device inside the first step
+    (inference mode), which makes it an inference tensor; a reused cache's reset runs outside
+    inference mode (a request's set-up) and must still set it. On the CPU the move is a no-op,
+    so the test makes the counters inference tensors the way the device does."""
+    cache = kv_cache.new_cache(model.config, 64)
+    with torch.inference_mode():
+        forward_block(model, cache, torch.arange(20, 29), torch.arange(9), None)
+        for layer in cache.layers:
+            layer.cumulative_length = layer.cumulative_length.clone()
+    assert all(layer.cumulative_length.is_inference() for layer in cache.layers)
+    kv_cache.truncate(cache, 5)
+    assert kv_cache.cache_length(cache) == 5
+    kv_cache.set_length(cache, 0)
+    assert kv_cache.cache_length(cache) == 0

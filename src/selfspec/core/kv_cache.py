@@ -119,16 +119,22 @@ def capacity(cache: DynamicCache | StaticCache) -> int | None:
 
 
 def set_length(cache: StaticCache, length: int) -> None:
-    """Make a static cache hold ``length`` positions: the next block is written at ``length``."""
-    for layer in cache.layers:
-        layer.cumulative_length.fill_(length)
+    """Make a static cache hold ``length`` positions: the next block is written at ``length``.
+
+    Runs in inference mode: a layer's counter that transformers moved to the device during a
+    step (``.to(device)`` copies it on CUDA, not on the CPU) is an inference tensor, which only
+    inference mode may update in place (a reused cache's reset failed on CUDA, 2026-11-27)."""
+    with torch.inference_mode():
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(length)
 
 
 def truncate(cache: DynamicCache | StaticCache, length: int) -> None:
     """Drop every cached position at or after ``length``."""
     if is_static(cache):  # per layer, lowered only (a draft that skipped a layer's attention left it
-        for layer in cache.layers:  # behind), on the device: no read of the counter on the host
-            layer.cumulative_length.clamp_(max=length)
+        with torch.inference_mode():  # behind), on the device: no read of the counter on the host
+            for layer in cache.layers:  # (inference mode: see set_length)
+                layer.cumulative_length.clamp_(max=length)
         return
     for layer in cache.layers:
         if layer.is_initialized and layer.keys.shape[-2] > length:
