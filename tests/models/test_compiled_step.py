@@ -211,6 +211,39 @@ def test_module_references_of_every_saved_step_are_found():
                                              ("___module_torch_nn_functional_7_c0", "torch_nn_functional")]
 
 
+def test_vector_isa_probe_is_skipped_only_where_it_passed_before(tmp_path):
+    """Inductor probes the CPU's vector instruction sets once per process (a child Python per
+    set). A step's load records what the probe found; a later load trusts the record only where
+    every set the CPU's flags list passed, on this machine and torch version."""
+    import json
+
+    from torch._inductor import config
+
+    from selfspec.core.machine import machine_id
+    from selfspec.models import aot_step
+
+    candidates = aot_step._isa_candidates()
+    if candidates is None:
+        pytest.skip("not an x86 CPU: Inductor's probe is left as it is")
+    record = tmp_path / aot_step.ISA_RECORD
+    with aot_step._probed_isa(tmp_path):
+        assert config.cpp.vec_isa_ok is None  # nothing recorded: the probe runs
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    assert json.loads(record.read_text()) == {machine_id(): [str(i) for i in valid_vec_isa_list()]}
+    record.write_text(json.dumps({machine_id(): candidates}))
+    with aot_step._probed_isa(tmp_path):
+        assert config.cpp.vec_isa_ok is True
+    assert config.cpp.vec_isa_ok is None  # for the load only
+    for other in ({machine_id(): candidates + ["a set the probe failed"]}, {"another machine": candidates}):
+        record.write_text(json.dumps(other))
+        with aot_step._probed_isa(tmp_path):
+            assert config.cpp.vec_isa_ok is None
+    record.write_text("not json")
+    with aot_step._probed_isa(tmp_path):
+        assert config.cpp.vec_isa_ok is None
+
+
 @pytest.mark.matrix  # compiles three steps
 def test_every_step_a_process_saved_loads_in_the_next(tmp_path, monkeypatch):
     """A process that compiles several steps names a module their graphs refer to with a count

@@ -22,12 +22,14 @@ same name in this process.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import platform
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -47,11 +49,11 @@ def supported(device: torch.device) -> bool:
     """Whether steps on ``device`` are saved and loaded: CPU, on a PyTorch with ``aot_compile``."""
     if device.type != "cpu":
         return False
-    try:
-        from torch._dynamo.aot_compile import AOTCompiledFunction  # noqa: F401
+    try:  # imports only: building a torch.compile wrapper to ask would import Inductor's compiler (1.3 s)
+        from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph  # noqa: F401
     except ImportError:
         return False
-    return hasattr(torch.compile(lambda: None), "aot_compile")
+    return bool(getattr(torch._dynamo.config, "enable_aot_compile", False))
 
 
 def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int, bool]) -> Path:
@@ -107,7 +109,8 @@ def compile_step(model: torch.nn.Module, kwargs: dict, path: Path | None) -> Cal
     compiled = torch.compile(model.forward, dynamic=False, fullgraph=True,
                              options={"guard_filter_fn": lambda entries: [False for _ in entries],
                                       "post_grad_custom_pre_pass": shared_products_pass()})
-    fn = compiled.aot_compile(((), kwargs))
+    with _probed_isa(path.parent) if path is not None else contextlib.nullcontext():
+        fn = compiled.aot_compile(((), kwargs))
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +133,8 @@ def load_step(path: Path, model: torch.nn.Module) -> Callable | None:
     try:
         for _ in range(64):
             try:
-                return AOTCompiledFunction.deserialize(data, f_globals=env, external_closure_data=_external(model))
+                with _probed_isa(path.parent):
+                    return AOTCompiledFunction.deserialize(data, f_globals=env, external_closure_data=_external(model))
             except RuntimeError as e:
                 missing = [(full, _module_named(short)) for full, short in module_refs(str(e)) if full not in env]
                 if not missing or any(m is None for _, m in missing):
@@ -141,3 +145,52 @@ def load_step(path: Path, model: torch.nn.Module) -> Callable | None:
         log.info(f"the saved compiled step {path.name} does not load here ({type(e).__name__}: "
                  f"{str(e)[:200]}); compiling it again")
         return None
+
+
+ISA_RECORD = "vector-isa.json"
+
+
+def _isa_candidates() -> list[str] | None:
+    """The vector instruction sets Inductor probes on this x86 CPU (those its flags list), by
+    name; None elsewhere or where Inductor's probe is not the one this code knows."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        flags = cpu_vec_isa.x86_isa_checker()
+        return [str(i) for i in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(i).split())]
+    except Exception:  # noqa: BLE001 - a private API: without it, the probe runs as usual
+        return None
+
+
+@contextlib.contextmanager
+def _probed_isa(directory: Path) -> Iterator[None]:
+    """Load a step without Inductor's probe of the CPU's vector instruction sets where an earlier
+    process on this machine ran that probe and every set the CPU's flags list passed it (the
+    record in ``directory``); then record what this process's probe found.
+
+    The probe builds a test library per set and loads it in a child Python (0.3-0.5 s a set, once
+    per process, at every warm start). With the record, Inductor treats the listed sets as valid,
+    which is what its probe found for them on this machine, toolchain and torch version."""
+    from torch._inductor import config
+
+    record_file = directory / ISA_RECORD
+    try:
+        record = json.loads(record_file.read_text())
+    except (OSError, ValueError):
+        record = {}
+    candidates = _isa_candidates()
+    trusted = (config.cpp.vec_isa_ok is None and candidates is not None
+               and record.get(machine_id()) == candidates)
+    with config.patch({"cpp.vec_isa_ok": True} if trusted else {}):
+        yield
+    if trusted or candidates is None or config.cpp.vec_isa_ok is not None:
+        return
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    record[machine_id()] = [str(i) for i in valid_vec_isa_list()]  # cached: the probe above ran it
+    with contextlib.suppress(OSError):
+        tmp = record_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(record_file)
