@@ -22,7 +22,8 @@ from .registry import AUTO, BASELINE, METHODS, BuildContext, method_config
 if TYPE_CHECKING:
     from .autoselect import Candidate
 
-__all__ = ["CompiledFallback", "GenerationResult", "SpeculativeGenerator", "compiled_ready", "load", "torch_threads"]
+__all__ = ["CompiledFallback", "GenerationResult", "SpeculativeGenerator", "build", "compiled_ready", "load",
+           "torch_threads"]
 
 log = logging.getLogger("selfspec.auto")
 
@@ -94,10 +95,10 @@ def _load(model: str | LoadedModel, method: str, device: str | None, dtype: str 
     if method == AUTO or kernels == AUTO:
         return _load_chosen(target, method, method_options, kernels, trust_remote_code, remeasure,
                             keep=isinstance(model, LoadedModel))
-    return _build(target, method, method_options, trust_remote_code)
+    return build(target, method, method_options, trust_remote_code)
 
 
-def _build(target: LoadedModel, method: str, options: dict, trust_remote_code: bool,
+def build(target: LoadedModel, method: str, options: dict, trust_remote_code: bool,
            sizes: tuple[int, ...] = (1,)) -> SpeculativeGenerator:
     """``method`` with ``options`` on ``target`` as it is now (its current kernels), through the
     registry. On the compiled backend, the steps of blocks of ``sizes`` compile (or load from the
@@ -183,13 +184,13 @@ def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, 
     def make(c: autoselect.Candidate) -> SpeculativeGenerator:
         if target.backend != c.kernels:
             target.use_kernels(c.kernels, keep=True)  # in place: the other backends' layers stay for the next
-        return _build(target, c.method, c.options, trust_remote_code, _auto_sizes(c))
+        return build(target, c.method, c.options, trust_remote_code, _auto_sizes(c))
 
     choice = autoselect.choose(target, make, cands, reference, remeasure=remeasure)
     c = choice.candidate
     if len(backends) > 1 or target.backend != c.kernels:
         target.use_kernels(c.kernels, keep=keep)  # without keep: frees the layers of the backends not chosen
-    g = _build(target, c.method, c.options, trust_remote_code)  # later block sizes: saved, loaded when first met
+    g = build(target, c.method, c.options, trust_remote_code)  # later block sizes: saved, loaded when first met
     if method == AUTO:
         g.method = autoselect.auto_label(c)
     g.auto_choice = choice
@@ -201,7 +202,7 @@ def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, 
 
         def build_alt() -> SpeculativeGenerator:
             target.use_kernels(alt.kernels, keep=True)
-            h = _build(target, alt.method, alt.options, trust_remote_code)
+            h = build(target, alt.method, alt.options, trust_remote_code)
             if method == AUTO:
                 h.method = autoselect.auto_label(alt)
             return h

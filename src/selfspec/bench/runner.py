@@ -252,7 +252,8 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
         if g.target.step is not None:  # compiled: every block size a method proposes compiled before timing,
             if capacities is None:  # for the cache size of every prompt
                 capacities = sorted({capacity_for(len(b.prompt_ids(p)) + args.max_new_tokens) for p in b.prompts})
-            sizes = block_sizes(g.method)
+            choice = getattr(g, "auto_choice", None)  # auto's label names more than the method
+            sizes = block_sizes(choice.candidate.method if choice is not None else g.method)
             s = sum(g.target.step.warm_up(c, sizes, g.drafter.needs_hidden) for c in capacities)
             print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} "
                   f"({', '.join(map(str, capacities))}-position caches) in {s:.0f} s", file=sys.stderr)

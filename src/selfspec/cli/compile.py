@@ -68,7 +68,7 @@ def _names(args: argparse.Namespace) -> list[str] | None:
 def run(args: argparse.Namespace) -> int:
     """Compile (or list) the steps each method verifies through, on the static caches requests up to
     ``--max-tokens`` need; saved under ``$SELFSPEC_HOME/compile``."""
-    from ..api import _build
+    from ..api import build
     from ..models import aot_step
     from ..models.compiled_step import MIN_CAPACITY, block_sizes, capacity_for, compile_cache_dir
     from ..models.loading import load_model
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     ready, skipped = [], []
     for method, options in _methods(args, target).items():
         try:
-            g = _build(target, method, options, args.trust_remote_code, sizes=())  # its drafter: hidden states?
+            g = build(target, method, options, args.trust_remote_code, sizes=())  # its drafter: hidden states?
         except SelfspecError as e:
             skipped.append(f"{method} ({e})")
             continue

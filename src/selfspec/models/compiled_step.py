@@ -225,10 +225,10 @@ class StaticStep:
         process nor are saved on disk here (a later process loads a saved step in a fraction of a
         second instead of compiling it). On devices whose steps are not saved (CUDA), every shape
         not compiled in this process."""
-        shapes = sorted({(bucket(s), capacity, want_hidden) for s in sizes if bucket(s) + 1 <= capacity})
-        todo = [sh for sh in shapes if sh not in self.compile_s]
         if not self.compile:
             return []
+        shapes = sorted({(bucket(s), capacity, want_hidden) for s in sizes if bucket(s) + 1 <= capacity})
+        todo = [sh for sh in shapes if sh not in self.compile_s]
         d = compile_cache_dir()
         if d is None or not aot_step.supported(next(self.model.parameters()).device):
             return todo
