@@ -192,8 +192,18 @@ def test_a_bad_number_names_its_one_flag(refuse_loading, tmp_path, capsys, objec
 
 
 def test_train_hass_takes_max_steps(tiny_dir, data_file, tmp_path, monkeypatch):
-    """sdsat, space, msn and sft had --max-steps; hass had not."""
+    """sdsat, space, msn and sft had --max-steps; hass had not. The precision is auto's by default."""
+    import selfspec.train.precision as precision
+
     monkeypatch.setattr(pipeline, "evaluation_prompts", lambda: [])
+    asked, real = [], precision.choose
+
+    def choose(requested, *a, **k):
+        asked.append(requested)
+        return real(requested, *a, **k)
+
+    monkeypatch.setattr(precision, "choose", choose)
     assert train(tiny_dir, data_file, tmp_path / "h", "--max-steps", "3", "--epochs", "5") == 0
+    assert asked == ["auto"]
     meta = json.loads((tmp_path / "h" / "selfspec_head.json").read_text())
     assert meta["steps"] == 3 and meta["options"]["max_steps"] == 3

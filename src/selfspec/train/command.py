@@ -10,12 +10,15 @@ Adding an objective: its module under ``train/`` and one :class:`TrainCommand` i
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..config import seed_arg, threads_arg
 from ..errors import SelfspecError
+
+log = logging.getLogger(__name__)
 
 HEAD_DATA = "sharegpt:224,sharegpt-answers:300,code:60"
 FINETUNE_DATA = "sharegpt:224,sharegpt-answers:150,code:240"
@@ -61,10 +64,11 @@ def _add_common(p: argparse.ArgumentParser, data: str) -> None:
     p.add_argument("--device", default="cpu",
                    help="cpu (default) or cuda; under accelerate launch, each process trains on its own device")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
-    p.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "fp16"],
+    p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"],
                    help="autocast the forward and loss in this precision (Accelerate's mixed precision; weights and "
-                        "optimizer stay fp32): bf16 on GPUs and on CPUs with avx512_bf16/AMX; fp16 on GPUs only "
-                        "(default no: fp32)")
+                        "optimizer stay fp32): bf16 on GPUs and on CPUs with avx512_bf16/AMX; fp16 on GPUs only; "
+                        "no: fp32. Default auto: bf16 on a GPU with bf16; on a CPU with bf16 units, bf16 where a "
+                        "timed pass of the model is faster in it (logged), else fp32")
     p.add_argument("--threads", type=threads_arg, default=None,
                    help="torch CPU threads per process, at least 1 (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -97,15 +101,34 @@ def _start(args: argparse.Namespace, outputs: tuple[str, ...]):
     out = check_output_dir(args.out)
     check_out(out, args.resume, outputs)  # an earlier run there is continued (--resume) or kept, never lost
     data = DataOptions(data=args.data, max_len=args.max_len, regenerate=args.regenerate, seed=args.data_seed)
-    if args.threads:
-        import torch
+    import torch
 
+    if args.threads:
         torch.set_num_threads(args.threads)
     if args.mixed_precision == "fp16" and args.device == "cpu":
         raise SelfspecError("--mixed-precision fp16 needs a GPU (--device cuda); on a CPU use bf16 or no")
-    acc = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision)
-    target = load_model(args.model, acc.device if args.device != "cpu" else "cpu", "float32", args.trust_remote_code)
+    if args.device == "cpu":  # auto may time the model: it loads first
+        target = load_model(args.model, "cpu", "float32", args.trust_remote_code)
+        mp = _precision(args, target.model, torch.device("cpu"))
+        acc = Accelerator(cpu=True, mixed_precision=mp)
+    else:
+        from accelerate import PartialState
+
+        mp = _precision(args, None, PartialState().device)
+        acc = Accelerator(cpu=False, mixed_precision=mp)
+        target = load_model(args.model, acc.device, "float32", args.trust_remote_code)
     return acc, target, data
+
+
+def _precision(args: argparse.Namespace, model, device) -> str:
+    """``--mixed-precision`` resolved (``auto`` by :mod:`~selfspec.train.precision`), and logged."""
+    from ..core.machine import cpu_flag_set
+    from .precision import choose
+
+    choice = choose(args.mixed_precision, device, model, args.batch_size, args.max_len, cpu_flag_set())
+    said = choice.seconds is not None or choice.precision != "no"  # fp32 unmeasured: as ever, nothing to say
+    log.log(logging.INFO if said else logging.DEBUG, f"training precision: {choice.reason}")
+    return choice.precision
 
 
 # -- hass: a draft head ---------------------------------------------------------------------------
