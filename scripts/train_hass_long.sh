@@ -5,8 +5,11 @@
 # 12,000 ShareGPT conversations with their own answers, 1,500 Python stdlib modules; evaluation
 # prompts excluded. Same objective and vocabulary as the shipped head (HASS, 3 alignment passes,
 # top-10 loss, N = 8192 draft vocabulary), 1 epoch. Hours to days on a CPU: every stage (answers,
-# features, training) checkpoints and resumes, so run it again to continue; in the background:
-#   setsid nohup nice -n 19 bash scripts/train_hass_long.sh > train_hass_long.log 2>&1 < /dev/null &
+# features, training) checkpoints and resumes, so run it again to continue; in the background, at
+# the lowest priority (with the kernel's autogroups, `nice` alone does not yield to other sessions:
+# the session's autogroup gets the nice value):
+#   setsid nohup bash scripts/train_hass_long.sh > train_hass_long.log 2>&1 < /dev/null &
+#   echo 19 > /proc/$!/autogroup
 # The head lands in $SELFSPEC_HOME/long/<model>-hass (not in heads/, where it would replace the
 # shipped head before it is compared: `selfspec bench --methods hass,hass:head=DIR` does that).
 set -euo pipefail
