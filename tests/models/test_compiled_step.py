@@ -277,6 +277,18 @@ def test_saved_steps_are_kept_per_linear_layer_kind(tiny_dir, tmp_path):
     assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != on_onednn
 
 
+def test_saved_steps_are_kept_per_torch_install(tiny_dir, tmp_path, monkeypatch):
+    """Inductor's build key for a step's C++ kernels names the torch install's headers, so a step
+    saved from another virtual environment would rebuild them all on load (minutes, inside auto's
+    calibration, which never compiles): another install's steps are not this one's."""
+    from selfspec.models import aot_step
+
+    t = load_model(str(tiny_dir), kernels="compiled")
+    here = aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False))
+    monkeypatch.setattr(torch, "__file__", "/another/venv/site-packages/torch/__init__.py")
+    assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != here
+
+
 def no_compiling(*args, **kwargs):
     raise AssertionError("compiled a step that should have been loaded")
 

@@ -9,7 +9,8 @@ A saved step is one shape of one model on one machine, and it is saved with no g
 cannot serialise the identity guards on the model), so nothing checks it when it runs. This
 module does: the file's name is a hash of everything the graph was specialised on (the padded
 block, cache capacity and hidden-states flag; the model's class, config, dtype, device,
-attention and linear-layer classes; the machine, thread count and the torch / transformers versions), and the step only
+attention and linear-layer classes; the machine, thread count, torch / transformers versions and
+torch's install directory), and the step only
 calls it with that exact shape, under inference mode, on that model. A file that does not load
 is compiled again and replaced. CPU only: on CUDA the step keeps ``torch.compile`` with CUDA
 graphs, which these files do not carry.
@@ -72,6 +73,7 @@ def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int,
         "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in linear_layers(model)}),
         "passes": SHARED_PRODUCTS_PASS,
         "machine": machine_id(),  # CPU model, thread count, torch version
+        "torch_dir": str(Path(torch.__file__).parent),  # its kernels' build key names the install's headers
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
     }
