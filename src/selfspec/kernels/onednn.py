@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import SelfspecError
+from . import gemv
 from .swap import KernelState, SwappedLinear, flatten, original_of, swap_linears, use_attention
 
 
@@ -61,6 +62,10 @@ class OneDNNLinear(SwappedLinear):
     """``y = x @ W.T + b`` with ``W`` reordered into oneDNN's blocked layout.
 
     Shapes: ``x[..., in_features] -> y[..., out_features]`` (fp32).
+
+    Attributes:
+        blocked: the weight in :func:`~selfspec.kernels.gemv.blocked`'s layout, for the compiled
+            step's one-token blocks (:func:`add_blocked`), or None.
     """
 
     backend = "onednn"
@@ -70,10 +75,13 @@ class OneDNNLinear(SwappedLinear):
         w = original.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
         self.bias = None if original.bias is None else original.bias.detach()
+        self.blocked: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = flatten(x)
-        if torch.compiler.is_compiling():  # traced by the compiled backend's step: an opaque call
+        if torch.compiler.is_compiling():  # traced by the compiled backend's step
+            if self.blocked is not None and x2.shape[0] == 1:  # a one-token block: Inductor's own loop
+                return gemv.gemv(x2, self.blocked, self.bias).reshape(*lead, self.out_features)
             return onednn_linear(x2, self.packed, self.bias, self.out_features).reshape(*lead, self.out_features)
         y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
         return y.reshape(*lead, self.out_features)
@@ -94,6 +102,10 @@ class SharedProductLinear(SwappedLinear):
     the model) run the stock layer.
 
     Shapes: ``x[..., in_features] -> y[..., out_features]`` (fp32).
+
+    Attributes:
+        blocked: this member's own weight in :func:`~selfspec.kernels.gemv.blocked`'s layout, for
+            the step's one-token blocks (each member's product is its own loop there), or None.
     """
 
     backend = "onednn"
@@ -102,6 +114,7 @@ class SharedProductLinear(SwappedLinear):
                  total: int) -> None:
         super().__init__(original)
         self.packed, self.bias, self.start, self.total = packed, bias, start, total
+        self.blocked: torch.Tensor | None = None
 
     @staticmethod
     def group(originals: list[nn.Linear]) -> list[SharedProductLinear]:
@@ -122,6 +135,9 @@ class SharedProductLinear(SwappedLinear):
         if not torch.compiler.is_compiling():
             return self.original(x)
         x2, lead = flatten(x)
+        if self.blocked is not None and x2.shape[0] == 1:  # a one-token block: Inductor's own loop
+            own_bias = None if self.bias is None else self.bias[self.start:self.start + self.out_features]
+            return gemv.gemv(x2, self.blocked, own_bias).reshape(*lead, self.out_features)
         y = onednn_linear(x2, self.packed, self.bias, self.total)[:, self.start:self.start + self.out_features]
         return y.reshape(*lead, self.out_features)
 
@@ -204,6 +220,24 @@ def shared_products_pass() -> object:
             return SHARED_PRODUCTS_PASS
 
     return SharedProducts()
+
+
+def add_blocked(model: nn.Module, budget: int) -> int | None:
+    """Give ``model``'s oneDNN layers (:class:`OneDNNLinear`, :class:`SharedProductLinear`) their
+    weights in the one-token layout (:func:`~selfspec.kernels.gemv.blocked`) where it is not yet
+    there; layers whose width does not fit the layout keep oneDNN. Nothing is added when the copies
+    would take more than ``budget`` bytes. Returns the bytes the layouts take, None when refused."""
+    from .swap import linear_layers
+
+    layers = [m for _, _, m in linear_layers(model) if isinstance(m, (OneDNNLinear, SharedProductLinear))
+              and m.original.weight.dim() == 2]  # not a released weight
+    need = sum(m.original.weight.numel() * m.original.weight.element_size() for m in layers if m.blocked is None)
+    if need > budget:
+        return None
+    for m in layers:
+        if m.blocked is None:
+            m.blocked = gemv.blocked(m.original.weight)
+    return sum(m.blocked.numel() * m.blocked.element_size() for m in layers if m.blocked is not None)
 
 
 def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> None:

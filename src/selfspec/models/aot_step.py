@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from ..core.machine import machine_id
+from ..kernels import gemv
 from ..kernels.onednn import SHARED_PRODUCTS_PASS, shared_products_pass
 from ..kernels.swap import linear_layers
 
@@ -72,6 +73,8 @@ def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int,
         "attention": config._attn_implementation,
         "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in linear_layers(model)}),
         "passes": SHARED_PRODUCTS_PASS,
+        "one_token": gemv.LAYOUT if any(getattr(m, "blocked", None) is not None
+                                        for _, _, m in linear_layers(model)) else None,
         "machine": machine_id(),  # CPU model, thread count, torch version
         "torch_dir": str(Path(torch.__file__).parent),  # its kernels' build key names the install's headers
         "transformers": transformers.__version__,
@@ -133,16 +136,17 @@ def load_step(path: Path, model: torch.nn.Module) -> Callable | None:
     data = path.read_bytes()
     env = dict(type(model).forward.__globals__)
     try:
-        for _ in range(64):
-            try:
-                with _probed_isa(path.parent):
-                    return AOTCompiledFunction.deserialize(data, f_globals=env, external_closure_data=_external(model))
-            except RuntimeError as e:
-                missing = [(full, _module_named(short)) for full, short in module_refs(str(e)) if full not in env]
-                if not missing or any(m is None for _, m in missing):
-                    raise
-                env.update(missing)
-        raise RuntimeError("too many module references")
+        with _probed_isa(path.parent):  # once per step, whatever the retries below
+            for _ in range(64):
+                try:
+                    return AOTCompiledFunction.deserialize(data, f_globals=env,
+                                                           external_closure_data=_external(model))
+                except RuntimeError as e:
+                    missing = [(full, _module_named(short)) for full, short in module_refs(str(e)) if full not in env]
+                    if not missing or any(m is None for _, m in missing):
+                        raise
+                    env.update(missing)
+            raise RuntimeError("too many module references")
     except Exception as e:  # noqa: BLE001 - compile again instead
         log.info(f"the saved compiled step {path.name} does not load here ({type(e).__name__}: "
                  f"{str(e)[:200]}); compiling it again")

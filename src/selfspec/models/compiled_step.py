@@ -23,8 +23,13 @@ CPU: 1.1x faster for one-token steps and 1.7x for 8-token blocks than the stock 
 same graph), else the stock ones. Siblings that read one input (q/k/v, gate/up) share one packed
 weight per group and the step computes each group's product once
 (:class:`~selfspec.kernels.onednn.SharedProductLinear`, :func:`~selfspec.kernels.onednn.shared_products_pass`).
+One-token blocks (``ar``'s every step, and every step a speculative method does not draft) run
+their products instead as reductions that Inductor generates itself over a blocked copy of the
+weights (:mod:`selfspec.kernels.gemv`: 1.5x faster products on an AVX2 EPYC, where the library
+kernels read the weights at half the memory's speed), where free memory holds the copy.
 The compiled graph is the model as loaded, in a different operation order: ``compiled`` is a
-backend of its own, lossless with respect to ``ar`` on it.
+backend of its own, lossless with respect to ``ar`` on it (a verify row is not bit-identical to
+a one-token step: ids are proven identical by the same tests as every fp32 backend).
 """
 
 from __future__ import annotations

@@ -1,0 +1,81 @@
+"""The compiled step's one-token products: the blocked layout, the product, and where it runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfspec.kernels import gemv
+from selfspec.kernels.onednn import OneDNNLinear, SharedProductLinear, add_blocked
+from selfspec.kernels.swap import linear_layers
+from selfspec.models.loading import load_model
+
+
+def test_blocked_layout_interleaves_eight_output_rows():
+    w = torch.arange(16 * 3, dtype=torch.float32).reshape(16, 3)
+    wb = gemv.blocked(w)
+    assert wb.shape == (2, 3, 8) and wb.is_contiguous()
+    for j in range(2):
+        for k in range(3):
+            for i in range(8):
+                assert wb[j, k, i] == w[j * 8 + i, k]
+    assert gemv.blocked(torch.zeros(12, 3)) is None  # 12 rows: not a whole number of blocks
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_is_the_linear_product(bias):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(48, 40, bias=bias)
+    x = torch.randn(1, 48)
+    got = gemv.gemv(x, gemv.blocked(layer.weight), layer.bias.detach() if bias else None)
+    assert got.shape == (1, 40)
+    torch.testing.assert_close(got, layer(x).detach(), atol=1e-5, rtol=1e-5)
+    wrong = gemv.gemv(x, gemv.blocked(layer.weight.flip(0)), None)  # negative control: rows out of place
+    assert not torch.allclose(wrong, layer(x).detach() - (layer.bias.detach() if bias else 0), atol=1e-3)
+
+
+@torch.inference_mode()
+def test_compiled_layer_runs_one_token_blocks_on_the_blocked_layout():
+    """Traced, a oneDNN layer with the layout computes a one-token block as Inductor's own
+    reduction (no oneDNN call in the generated code) and a larger block with oneDNN; both give
+    the layer's values up to rounding, and without the layout nothing changes."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    layer = OneDNNLinear(torch.nn.Linear(64, 96))
+    x = torch.randn(8, 64)
+    eager = layer(x)
+    assert add_blocked(torch.nn.Sequential(layer), budget=1 << 30) == 96 * 64 * 4
+    fn = torch.compile(lambda v: layer(v), dynamic=False, fullgraph=True)
+    one, code = run_and_get_code(fn, x[:1])
+    assert not any("onednn_linear" in c for c in code)
+    torch.testing.assert_close(one, eager[:1], atol=1e-5, rtol=1e-5)
+    eight, code = run_and_get_code(fn, x)
+    assert any("torch.ops.selfspec.onednn_linear.default(" in c for c in code)
+    assert torch.equal(eight, eager)
+
+
+@torch.inference_mode()
+def test_compiled_backend_adds_the_layout_within_its_memory_budget(tiny_dir):
+    t = load_model(str(tiny_dir), kernels="compiled")
+    layers = [m for _, _, m in linear_layers(t.model)]
+    assert layers and all(isinstance(m, (OneDNNLinear, SharedProductLinear)) for m in layers)
+    assert all(m.blocked is not None for m in layers if m.out_features % gemv.BLOCK == 0)
+    for m in layers:
+        if m.blocked is not None:
+            assert torch.equal(m.blocked, gemv.blocked(m.original.weight))
+    for m in layers:
+        m.blocked = None
+    assert add_blocked(t.model, budget=0) is None  # no room for the copy: oneDNN for every block
+    assert all(m.blocked is None for m in layers)
+
+
+@torch.inference_mode()
+def test_saved_steps_are_named_by_whether_they_use_the_layout(tiny_dir, tmp_path):
+    from selfspec.models import aot_step
+
+    t = load_model(str(tiny_dir), kernels="compiled")
+    with_layout = aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False))
+    for _, _, m in linear_layers(t.model):
+        m.blocked = None
+    assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != with_layout
