@@ -62,6 +62,7 @@ def main() -> None:
     print(f"sum over 1 GiB: {2**30 / sorted(t)[2] / 1e9:.1f} GB/s ({args.threads} threads)")
     with torch.inference_mode():
         for kind in ("stock", "onednn", "blocked"):
+            torch._dynamo.reset()  # one function, compiled afresh per kind (else Dynamo's recompile limit)
             fn = step(kind)
             for m in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(m, 576)
