@@ -160,3 +160,21 @@ def test_acceptance_by_depth_has_one_definition_for_results_and_records():
     assert from_records([rec]) == pytest.approx(want)
     old = {k: v for k, v in rec.items() if k != "accepted_per_step"}  # a record from before: committed - 1
     assert from_records([old]) == pytest.approx([3 / 4, 1 / 4, 1 / 3])
+
+
+def test_a_difference_met_in_every_repeat_is_listed_once(tmp_path):
+    from selfspec.bench.report import write_report
+
+    records = []
+    for r in range(3):
+        records += [rec("a", "ar", "x", 4, 1.0, 4, ids=[1, 2, 3, 4], rep=r),
+                    rec("a", "pld", "x", 4, 0.5, 2, ids=[1, 2, 9, 9], rep=r)]
+    records.append(rec("b", "ar", "x", 4, 1.0, 4, ids=[5, 6, 7, 8]))
+    records.append(rec("b", "pld", "x", 4, 0.5, 2, ids=[5, 0, 7, 8]))
+    meta = {"model": "m", "dataset": "d", "prompts": 2, "repeats": 3, "generation": {"max_new_tokens": 4,
+            "temperature": 0.0}, "environment": {"machine": "x", "torch": "t", "transformers": "t", "git": "g"}}
+    s = summarize(records, ["ar", "pld"])
+    assert s["pld"]["identical"] == "0/4"
+    write_report(tmp_path, meta, s)
+    md = (tmp_path / "report.md").read_text()
+    assert "- pld: a at token 2 in 3 repeats, b at token 1\n" in md

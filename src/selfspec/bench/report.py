@@ -251,10 +251,14 @@ def write_report(out: Path, meta: dict, summary: dict) -> None:
     if diffs:
         lines += ["", "Greedy outputs that differ from ar on the same backend (first differing position):", ""]
         for n, d in diffs.items():
+            seen: dict[tuple, list] = {}  # one entry per prompt and position, however many repeats
+            for x in d:
+                seen.setdefault((x["prompt_id"], x["position"]), []).append(x)
             lines.append(f"- {n}: " + ", ".join(
-                f"{x['prompt_id']} at token {x['position']}"
-                + (f" (ar's top-2 logit gap there: {x['ar_top2_gap']:.2e})" if "ar_top2_gap" in x else "")
-                for x in d))
+                f"{xs[0]['prompt_id']} at token {xs[0]['position']}"
+                + (f" (ar's top-2 logit gap there: {xs[0]['ar_top2_gap']:.2e})" if "ar_top2_gap" in xs[0] else "")
+                + (f" in {len(xs)} repeats" if len(xs) > 1 else "")
+                for xs in seen.values()))
     if any("pass@1" in s for s in summary.values()):
         same = all(s.get("pass@1") == summary.get(s["baseline"], {}).get("pass@1")
                    for s in summary.values() if "pass@1" in s and s["kind"] == "method")

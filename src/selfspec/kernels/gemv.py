@@ -25,13 +25,17 @@ LAYOUT = "gemv-blocked8-1"
 """The version of the one-token product (saved compiled steps' names include it)."""
 
 
-def blocked(w: torch.Tensor) -> torch.Tensor | None:
+def blocked(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """``W[N, K]`` laid out as ``[N / BLOCK, K, BLOCK]`` (block ``j``, column ``k``, lane ``i`` is
-    ``W[j * BLOCK + i, k]``); None where ``N`` is not a multiple of :data:`BLOCK`."""
+    ``W[j * BLOCK + i, k]``), written into ``out`` (``N * K`` contiguous elements) when given;
+    None where ``N`` is not a multiple of :data:`BLOCK`."""
     n, k = w.shape
     if n % BLOCK:
         return None
-    return w.detach().reshape(n // BLOCK, BLOCK, k).transpose(1, 2).contiguous()
+    src = w.detach().reshape(n // BLOCK, BLOCK, k).transpose(1, 2)
+    if out is None:
+        return src.contiguous()
+    return out.view(n // BLOCK, k, BLOCK).copy_(src)
 
 
 def gemv(x: torch.Tensor, wb: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -231,12 +231,17 @@ def add_blocked(model: nn.Module, budget: int) -> int | None:
 
     layers = [m for _, _, m in linear_layers(model) if isinstance(m, (OneDNNLinear, SharedProductLinear))
               and m.original.weight.dim() == 2]  # not a released weight
-    need = sum(m.original.weight.numel() * m.original.weight.element_size() for m in layers if m.blocked is None)
-    if need > budget:
+    todo = [m for m in layers if m.blocked is None and m.out_features % gemv.BLOCK == 0]
+    if sum(m.original.weight.numel() * m.original.weight.element_size() for m in todo) > budget:
         return None
-    for m in layers:
-        if m.blocked is None:
-            m.blocked = gemv.blocked(m.original.weight)
+    if todo:  # one allocation for all: on the AVX2 VM, 0.3 s for SmolLM2's 538 MB against 1.8 s in one per layer
+        w0 = todo[0].original.weight
+        flat = torch.empty(sum(m.original.weight.numel() for m in todo), dtype=w0.dtype, device=w0.device)
+        start = 0
+        for m in todo:
+            w = m.original.weight
+            m.blocked = gemv.blocked(w, out=flat[start:start + w.numel()])
+            start += w.numel()
     return sum(m.blocked.numel() * m.blocked.element_size() for m in layers if m.blocked is not None)
 
 
