@@ -68,14 +68,3 @@ def test_compiled_backend_adds_the_layout_within_its_memory_budget(tiny_dir):
         m.blocked = None
     assert add_blocked(t.model, budget=0) is None  # no room for the copy: oneDNN for every block
     assert all(m.blocked is None for m in layers)
-
-
-@torch.inference_mode()
-def test_saved_steps_are_named_by_whether_they_use_the_layout(tiny_dir, tmp_path):
-    from selfspec.models import aot_step
-
-    t = load_model(str(tiny_dir), kernels="compiled")
-    with_layout = aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False))
-    for _, _, m in linear_layers(t.model):
-        m.blocked = None
-    assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != with_layout

@@ -289,6 +289,18 @@ def test_saved_steps_are_kept_per_torch_install(tiny_dir, tmp_path, monkeypatch)
     assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != here
 
 
+@torch.inference_mode()
+def test_saved_steps_are_named_by_whether_they_use_the_layout(tiny_dir, tmp_path):
+    from selfspec.kernels.swap import linear_layers
+    from selfspec.models import aot_step
+
+    t = load_model(str(tiny_dir), kernels="compiled")
+    with_layout = aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False))
+    for _, _, m in linear_layers(t.model):
+        m.blocked = None
+    assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != with_layout
+
+
 def no_compiling(*args, **kwargs):
     raise AssertionError("compiled a step that should have been loaded")
 

@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from ..errors import SelfspecError
-from . import gemv
-from .swap import KernelState, SwappedLinear, flatten, original_of, swap_linears, use_attention
+from .gemv import BLOCK as LAYOUT_ROWS
+from .gemv import blocked as blocked_layout
+from .gemv import gemv as one_token_product
+from .swap import KernelState, SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
 
 def available(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -81,7 +83,7 @@ class OneDNNLinear(SwappedLinear):
         x2, lead = flatten(x)
         if torch.compiler.is_compiling():  # traced by the compiled backend's step
             if self.blocked is not None and x2.shape[0] == 1:  # a one-token block: Inductor's own loop
-                return gemv.gemv(x2, self.blocked, self.bias).reshape(*lead, self.out_features)
+                return one_token_product(x2, self.blocked, self.bias).reshape(*lead, self.out_features)
             return onednn_linear(x2, self.packed, self.bias, self.out_features).reshape(*lead, self.out_features)
         y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
         return y.reshape(*lead, self.out_features)
@@ -137,7 +139,7 @@ class SharedProductLinear(SwappedLinear):
         x2, lead = flatten(x)
         if self.blocked is not None and x2.shape[0] == 1:  # a one-token block: Inductor's own loop
             own_bias = None if self.bias is None else self.bias[self.start:self.start + self.out_features]
-            return gemv.gemv(x2, self.blocked, own_bias).reshape(*lead, self.out_features)
+            return one_token_product(x2, self.blocked, own_bias).reshape(*lead, self.out_features)
         y = onednn_linear(x2, self.packed, self.bias, self.total)[:, self.start:self.start + self.out_features]
         return y.reshape(*lead, self.out_features)
 
@@ -227,11 +229,9 @@ def add_blocked(model: nn.Module, budget: int) -> int | None:
     weights in the one-token layout (:func:`~selfspec.kernels.gemv.blocked`) where it is not yet
     there; layers whose width does not fit the layout keep oneDNN. Nothing is added when the copies
     would take more than ``budget`` bytes. Returns the bytes the layouts take, None when refused."""
-    from .swap import linear_layers
-
     layers = [m for _, _, m in linear_layers(model) if isinstance(m, (OneDNNLinear, SharedProductLinear))
               and m.original.weight.dim() == 2]  # not a released weight
-    todo = [m for m in layers if m.blocked is None and m.out_features % gemv.BLOCK == 0]
+    todo = [m for m in layers if m.blocked is None and m.out_features % LAYOUT_ROWS == 0]
     if sum(m.original.weight.numel() * m.original.weight.element_size() for m in todo) > budget:
         return None
     if todo:  # one allocation for all: on the AVX2 VM, 0.3 s for SmolLM2's 538 MB against 1.8 s in one per layer
@@ -240,7 +240,7 @@ def add_blocked(model: nn.Module, budget: int) -> int | None:
         start = 0
         for m in todo:
             w = m.original.weight
-            m.blocked = gemv.blocked(w, out=flat[start:start + w.numel()])
+            m.blocked = blocked_layout(w, out=flat[start:start + w.numel()])
             start += w.numel()
     return sum(m.blocked.numel() * m.blocked.element_size() for m in layers if m.blocked is not None)
 

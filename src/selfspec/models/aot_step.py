@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..core.machine import machine_id
-from ..kernels import gemv
+from ..kernels.gemv import LAYOUT as ONE_TOKEN_LAYOUT
 from ..kernels.onednn import SHARED_PRODUCTS_PASS, shared_products_pass
 from ..kernels.swap import linear_layers
 
@@ -73,7 +73,7 @@ def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int,
         "attention": config._attn_implementation,
         "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in linear_layers(model)}),
         "passes": SHARED_PRODUCTS_PASS,
-        "one_token": gemv.LAYOUT if any(getattr(m, "blocked", None) is not None
+        "one_token": ONE_TOKEN_LAYOUT if any(getattr(m, "blocked", None) is not None
                                         for _, _, m in linear_layers(model)) else None,
         "machine": machine_id(),  # CPU model, thread count, torch version
         "torch_dir": str(Path(torch.__file__).parent),  # its kernels' build key names the install's headers
