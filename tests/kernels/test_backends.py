@@ -155,15 +155,17 @@ def test_traced_onednn_layer_calls_the_same_kernel():
 def test_siblings_share_one_product_in_the_compiled_step(tiny_qwen_dir):
     """Members of a sibling group (with biases: Qwen2's q/k/v) give the separate layers' values
     eagerly (they are the stock layers) and under ``torch.compile``, where each group's product
-    runs once: one oneDNN call per group, per other layer and for the LM head."""
+    runs once: one oneDNN call per group, per other layer and for the LM head (a block of more
+    rows than the few-row product takes, kernels/gemv.py)."""
     from torch._inductor.utils import run_and_get_code
 
+    from selfspec.kernels import gemv
     from selfspec.kernels.onednn import shared_products_pass
     from selfspec.kernels.swap import linear_layers
 
     t = load_model(str(tiny_qwen_dir), kernels="compiled")
     model = t.model
-    ids = torch.tensor([[3, 17, 42, 7]])
+    ids = torch.tensor([[3, 17, 42, 7] * (gemv.ROWS // 4 + 1)])
     ref = load_model(str(tiny_qwen_dir), kernels="stock").model(input_ids=ids).logits
     torch.testing.assert_close(model(input_ids=ids).logits, ref, atol=1e-5, rtol=1e-5)  # eager: stock + oneDNN
 

@@ -1,4 +1,4 @@
-"""The compiled step's one-token products: the blocked layout, the product, and where it runs."""
+"""The compiled step's few-row products: the blocked layout, the product, and where it runs."""
 
 from __future__ import annotations
 
@@ -22,37 +22,70 @@ def test_blocked_layout_interleaves_eight_output_rows():
     assert gemv.blocked(torch.zeros(12, 3)) is None  # 12 rows: not a whole number of blocks
 
 
+@pytest.mark.parametrize("rows", [1, 3, gemv.ROWS])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemv_is_the_linear_product(bias):
+def test_gemv_is_the_linear_product(bias, rows):
     torch.manual_seed(0)
     layer = torch.nn.Linear(48, 40, bias=bias)
-    x = torch.randn(1, 48)
-    got = gemv.gemv(x, gemv.blocked(layer.weight), layer.bias.detach() if bias else None)
-    assert got.shape == (1, 40)
+    x = torch.randn(rows, 48)
+    wb, b = gemv.blocked(layer.weight), layer.bias.detach() if bias else None
+    got = gemv.gemv(x, wb, b)
+    assert got.shape == (rows, 40)
+    for m in range(rows):  # each row is its own reduction: the same values as the row alone
+        assert torch.equal(got[m:m + 1], gemv.gemv(x[m:m + 1], wb, b))
     torch.testing.assert_close(got, layer(x).detach(), atol=1e-5, rtol=1e-5)
     wrong = gemv.gemv(x, gemv.blocked(layer.weight.flip(0)), None)  # negative control: rows out of place
     assert not torch.allclose(wrong, layer(x).detach() - (layer.bias.detach() if bias else 0), atol=1e-3)
 
 
+@pytest.mark.matrix  # compiles three graphs
 @torch.inference_mode()
-def test_compiled_layer_runs_one_token_blocks_on_the_blocked_layout():
-    """Traced, a oneDNN layer with the layout computes a one-token block as Inductor's own
-    reduction (no oneDNN call in the generated code) and a larger block with oneDNN; both give
-    the layer's values up to rounding, and without the layout nothing changes."""
+def test_compiled_layer_runs_few_row_blocks_on_the_blocked_layout():
+    """Traced, a oneDNN layer with the layout computes blocks of up to ``gemv.ROWS`` rows as
+    Inductor's own reductions (no oneDNN call in the generated code) and a larger block with
+    oneDNN; all give the layer's values up to rounding."""
     from torch._inductor.utils import run_and_get_code
 
     torch.manual_seed(0)
     layer = OneDNNLinear(torch.nn.Linear(64, 96))
-    x = torch.randn(8, 64)
+    x = torch.randn(2 * gemv.ROWS, 64)
     eager = layer(x)
     assert add_blocked(torch.nn.Sequential(layer), budget=1 << 30) == 96 * 64 * 4
     fn = torch.compile(lambda v: layer(v), dynamic=False, fullgraph=True)
-    one, code = run_and_get_code(fn, x[:1])
-    assert not any("onednn_linear" in c for c in code)
-    torch.testing.assert_close(one, eager[:1], atol=1e-5, rtol=1e-5)
-    eight, code = run_and_get_code(fn, x)
+    for rows in (1, gemv.ROWS):
+        few, code = run_and_get_code(fn, x[:rows])
+        assert not any("onednn_linear" in c for c in code)
+        torch.testing.assert_close(few, eager[:rows], atol=1e-5, rtol=1e-5)
+    many, code = run_and_get_code(fn, x)
     assert any("torch.ops.selfspec.onednn_linear.default(" in c for c in code)
-    assert torch.equal(eight, eager)
+    assert torch.equal(many, eager)
+
+
+@pytest.mark.matrix  # compiles four graphs
+@torch.inference_mode()
+def test_step_options_compute_a_normalised_input_once_for_all_rows():
+    """With the compiled step's Inductor options, the products of a few-row block read a stored
+    normalised input (its square root appears as often in the code for 4 rows as for 1); with
+    Inductor's defaults (the negative control) the normalisation is recomputed inside the
+    products' loop, once per row."""
+    from torch._inductor.utils import run_and_get_code
+
+    from selfspec.models.aot_step import INDUCTOR_OPTIONS
+
+    torch.manual_seed(0)
+    layer = OneDNNLinear(torch.nn.Linear(64, 96))
+    add_blocked(torch.nn.Sequential(layer), budget=1 << 30)
+
+    def norm_then_product(v: torch.Tensor) -> torch.Tensor:
+        return layer(v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-5))
+
+    def sqrts(options: dict, rows: int) -> int:
+        torch._dynamo.reset()
+        fn = torch.compile(norm_then_product, dynamic=False, fullgraph=True, options=options)
+        return sum(c.count("sqrt") for c in run_and_get_code(fn, torch.randn(rows, 64))[1])
+
+    assert sqrts(INDUCTOR_OPTIONS, 4) == sqrts(INDUCTOR_OPTIONS, 1)
+    assert sqrts({}, 4) > sqrts({}, 1)
 
 
 @torch.inference_mode()

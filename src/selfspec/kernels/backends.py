@@ -52,10 +52,10 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: Kerne
             share_products(model, keep, state)  # q/k/v and gate/up: one product each in the step
             rest = {id(m) for _, _, m in linear_layers(model) if not isinstance(m, SharedProductLinear)}
             swap_linears(model, OneDNNLinear, keep, only=rest, state=state)  # each weight packed once
-            # one-token blocks: Inductor's own reduction over a copy of the weights, 1.5x faster on
-            # AVX2 (kernels/gemv.py), where a third of the free memory holds the copy
+            # blocks of up to 8 tokens: Inductor's own reductions over a copy of the weights, 1.5x
+            # faster on AVX2 (kernels/gemv.py), where a third of the free memory holds the copy
             if add_blocked(model, psutil.virtual_memory().available // 3) is None:
-                log.info("selfspec: one-token steps of the compiled backend use oneDNN's kernel (too little "
+                log.info("selfspec: few-token steps of the compiled backend use oneDNN's kernel (too little "
                          "free memory for a second copy of the weights)")
         if model.config._attn_implementation == "sdpa":
             use_attention(model, STATIC_NAME, state)  # attends over the static cache without copying KV heads

@@ -1,18 +1,22 @@
-"""One-token products of the ``compiled`` backend's step, as reductions Inductor writes itself.
+"""Few-row products of the ``compiled`` backend's step, as reductions Inductor writes itself.
 
-At batch 1 every linear layer is a matrix-vector product, and a decode step's cost is the time to
-read the weights once. The library kernels read them well below the memory's speed on some CPUs:
-on a 2-core AMD EPYC (AVX2) MKL's and oneDNN's fp32 matrix-vector products reached 11-18 GB/s in
-one decode step's worth of SmolLM2 layers, against 27-33 GB/s for a plain sum over memory (MKL's
-did not use the second thread at all). Written as ``(W_blocked * x).sum(K)`` over weights
-laid out as ``[N / 8, K, 8]`` (8 output rows interleaved, so that each block of 8 outputs reads
-one contiguous stretch of memory), the same product is a reduction that Inductor generates as a
+At batch 1 every linear layer of a decode step (or of a short verify block) reads the whole
+weight matrix for a handful of rows, and the step's cost is the time to read the weights once.
+The library kernels read them well below the memory's speed on some CPUs: on a 2-core AMD EPYC
+(AVX2) MKL's and oneDNN's fp32 matrix-vector products reached 11-18 GB/s in one decode step's
+worth of SmolLM2 layers, against 27-33 GB/s for a plain sum over memory (MKL's did not use the
+second thread at all). Written as ``(W_blocked * x).sum(K)`` over weights laid out as
+``[N / 8, K, 8]`` (8 output rows interleaved, so that each block of 8 outputs reads one
+contiguous stretch of memory), the same product is a reduction that Inductor generates as a
 vectorised loop split over the threads, fused with the step's other loops: 1.5x faster per
-decode step there (docs/performance.md, "one-token products").
+decode step there (docs/performance.md, "one-token products"). A block of up to :data:`ROWS`
+rows is one such reduction per row over the same weights, which Inductor fuses into one loop
+that reads each weight block once for all rows (docs/performance.md, "few-row products": SmolLM2's
+compiled 2-, 4- and 8-token steps 1.6x, 1.7x and 1.5x faster than with oneDNN's kernel there).
 
-Only one-token blocks use it: for blocks of more rows the same reduction reads the weights once
-per row (8-token blocks 4x slower than oneDNN's), so they keep oneDNN's blocked kernel. The
-layout is a copy of the weights, made once when a model is put on the ``compiled`` backend.
+Larger blocks keep oneDNN's blocked kernel (the fused loop's accumulators run out of registers
+and its compile time grows with the rows). The layout is a copy of the weights, made once when
+a model is put on the ``compiled`` backend.
 """
 
 from __future__ import annotations
@@ -21,8 +25,15 @@ import torch
 
 BLOCK = 8
 """Output rows interleaved per block of the layout (one AVX2 register of fp32)."""
-LAYOUT = "gemv-blocked8-1"
-"""The version of the one-token product (saved compiled steps' names include it)."""
+ROWS = 8
+"""The largest block the layout's product computes (:func:`takes`); larger blocks keep oneDNN."""
+LAYOUT = f"gemv-blocked8-rows{ROWS}"
+"""The version of the few-row product (saved compiled steps' names include it)."""
+
+
+def takes(rows: int) -> bool:
+    """Whether a block of ``rows`` tokens runs its products on the layout (:func:`gemv`)."""
+    return rows <= ROWS
 
 
 def blocked(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -39,8 +50,12 @@ def blocked(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | 
 
 
 def gemv(x: torch.Tensor, wb: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x[1, K] @ W.T + b -> [1, N]`` with ``wb`` = :func:`blocked` ``(W)``: a sum over ``K`` in
-    fp32 for each output, the same order whatever the model around it."""
+    """``x[M, K] @ W.T + b -> [M, N]`` with ``wb`` = :func:`blocked` ``(W)``: for each row a sum over
+    ``K`` in fp32 for each output, the same order whatever the model around it. Each row is its
+    own reduction over the same weights; Inductor fuses the M reductions into one loop that loads
+    each block of weights once and multiplies it by every row (M accumulators), so a block of a
+    few rows reads the weights once, as a single row does."""
     nb, k, b = wb.shape
-    y = (wb * x.reshape(1, k, 1)).sum(1).reshape(1, nb * b)
+    rows = [(wb * x[m].reshape(1, k, 1)).sum(1).reshape(1, nb * b) for m in range(x.shape[0])]
+    y = rows[0] if len(rows) == 1 else torch.cat(rows, 0)
     return y if bias is None else y + bias

@@ -20,6 +20,7 @@ from ..errors import SelfspecError
 from .gemv import BLOCK as LAYOUT_ROWS
 from .gemv import blocked as blocked_layout
 from .gemv import gemv as one_token_product
+from .gemv import takes as layout_takes
 from .swap import KernelState, SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
 
@@ -67,7 +68,7 @@ class OneDNNLinear(SwappedLinear):
 
     Attributes:
         blocked: the weight in :func:`~selfspec.kernels.gemv.blocked`'s layout, for the compiled
-            step's one-token blocks (:func:`add_blocked`), or None.
+            step's few-row blocks (:func:`add_blocked`), or None.
     """
 
     backend = "onednn"
@@ -82,7 +83,7 @@ class OneDNNLinear(SwappedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = flatten(x)
         if torch.compiler.is_compiling():  # traced by the compiled backend's step
-            if self.blocked is not None and x2.shape[0] == 1:  # a one-token block: Inductor's own loop
+            if self.blocked is not None and layout_takes(x2.shape[0]):  # a few-row block: Inductor's own loop
                 return one_token_product(x2, self.blocked, self.bias).reshape(*lead, self.out_features)
             return onednn_linear(x2, self.packed, self.bias, self.out_features).reshape(*lead, self.out_features)
         y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
@@ -107,7 +108,7 @@ class SharedProductLinear(SwappedLinear):
 
     Attributes:
         blocked: this member's own weight in :func:`~selfspec.kernels.gemv.blocked`'s layout, for
-            the step's one-token blocks (each member's product is its own loop there), or None.
+            the step's few-row blocks (each member's product is its own loop there), or None.
     """
 
     backend = "onednn"
@@ -137,7 +138,7 @@ class SharedProductLinear(SwappedLinear):
         if not torch.compiler.is_compiling():
             return self.original(x)
         x2, lead = flatten(x)
-        if self.blocked is not None and x2.shape[0] == 1:  # a one-token block: Inductor's own loop
+        if self.blocked is not None and layout_takes(x2.shape[0]):  # a few-row block: Inductor's own loop
             own_bias = None if self.bias is None else self.bias[self.start:self.start + self.out_features]
             return one_token_product(x2, self.blocked, own_bias).reshape(*lead, self.out_features)
         y = onednn_linear(x2, self.packed, self.bias, self.total)[:, self.start:self.start + self.out_features]
@@ -226,7 +227,7 @@ def shared_products_pass() -> object:
 
 def add_blocked(model: nn.Module, budget: int) -> int | None:
     """Give ``model``'s oneDNN layers (:class:`OneDNNLinear`, :class:`SharedProductLinear`) their
-    weights in the one-token layout (:func:`~selfspec.kernels.gemv.blocked`) where it is not yet
+    weights in the few-row layout (:func:`~selfspec.kernels.gemv.blocked`) where it is not yet
     there; layers whose width does not fit the layout keep oneDNN. Nothing is added when the copies
     would take more than ``budget`` bytes. Returns the bytes the layouts take, None when refused."""
     layers = [m for _, _, m in linear_layers(model) if isinstance(m, (OneDNNLinear, SharedProductLinear))

@@ -23,10 +23,13 @@ CPU: 1.1x faster for one-token steps and 1.7x for 8-token blocks than the stock 
 same graph), else the stock ones. Siblings that read one input (q/k/v, gate/up) share one packed
 weight per group and the step computes each group's product once
 (:class:`~selfspec.kernels.onednn.SharedProductLinear`, :func:`~selfspec.kernels.onednn.shared_products_pass`).
-One-token blocks (``ar``'s every step, and every step a speculative method does not draft) run
-their products instead as reductions that Inductor generates itself over a blocked copy of the
-weights (:mod:`selfspec.kernels.gemv`: 1.5x faster products on an AVX2 EPYC, where the library
-kernels read the weights at half the memory's speed), where free memory holds the copy.
+Blocks of up to 8 tokens (``ar``'s every step, and most verify blocks) run their products
+instead as reductions that Inductor generates itself over a blocked copy of the weights
+(:mod:`selfspec.kernels.gemv`: 1.5x faster products on an AVX2 EPYC, where the library kernels
+read the weights at half the memory's speed; a block's rows share one read of the weights),
+where free memory holds the copy; the step's Inductor settings
+(:data:`~selfspec.models.aot_step.INDUCTOR_OPTIONS`) store a normalised input once instead of
+recomputing it inside those loops.
 The compiled graph is the model as loaded, in a different operation order: ``compiled`` is a
 backend of its own, lossless with respect to ``ar`` on it (a verify row is not bit-identical to
 a one-token step: ids are proven identical by the same tests as every fp32 backend).
@@ -222,7 +225,8 @@ class StaticStep:
                 self._fn = torch.compile(self.model.forward, dynamic=False, mode="reduce-overhead")
             else:
                 self._fn = torch.compile(self.model.forward, dynamic=False,
-                                         options={"post_grad_custom_pre_pass": shared_products_pass()})
+                                         options={"post_grad_custom_pre_pass": shared_products_pass(),
+                                                  **aot_step.INDUCTOR_OPTIONS})
         return self._fn
 
     def missing(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> list[tuple[int, int, bool]]:
