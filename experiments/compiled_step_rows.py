@@ -31,7 +31,7 @@ def main() -> None:
     torch.set_num_threads(2)
     if args.layout_rows != rows:  # a comparison in this process only
         gemv.ROWS = args.layout_rows
-        aot_step.ONE_TOKEN_LAYOUT = f"gemv-blocked{gemv.BLOCK}-rows{args.layout_rows}"
+        aot_step.PRODUCT_LAYOUT = gemv.layout(args.layout_rows)
     t = load_model("smollm2-135m-instruct", kernels="compiled")
     step = t.step
     ids = torch.tensor(t.tokenizer("The quick brown fox jumps over the lazy dog, and then")["input_ids"])

@@ -27,7 +27,14 @@ BLOCK = 8
 """Output rows interleaved per block of the layout (one AVX2 register of fp32)."""
 ROWS = 8
 """The largest block the layout's product computes (:func:`takes`); larger blocks keep oneDNN."""
-LAYOUT = f"gemv-blocked8-rows{ROWS}"
+
+
+def layout(rows: int) -> str:
+    """The version of the few-row product for blocks of up to ``rows`` (saved steps' names)."""
+    return f"gemv-blocked{BLOCK}-rows{rows}"
+
+
+LAYOUT = layout(ROWS)
 """The version of the few-row product (saved compiled steps' names include it)."""
 
 

@@ -19,7 +19,7 @@ from torch import nn
 from ..errors import SelfspecError
 from .gemv import BLOCK as LAYOUT_ROWS
 from .gemv import blocked as blocked_layout
-from .gemv import gemv as one_token_product
+from .gemv import gemv as few_row_product
 from .gemv import takes as layout_takes
 from .swap import KernelState, SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
@@ -84,7 +84,7 @@ class OneDNNLinear(SwappedLinear):
         x2, lead = flatten(x)
         if torch.compiler.is_compiling():  # traced by the compiled backend's step
             if self.blocked is not None and layout_takes(x2.shape[0]):  # a few-row block: Inductor's own loop
-                return one_token_product(x2, self.blocked, self.bias).reshape(*lead, self.out_features)
+                return few_row_product(x2, self.blocked, self.bias).reshape(*lead, self.out_features)
             return onednn_linear(x2, self.packed, self.bias, self.out_features).reshape(*lead, self.out_features)
         y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
         return y.reshape(*lead, self.out_features)
@@ -140,7 +140,7 @@ class SharedProductLinear(SwappedLinear):
         x2, lead = flatten(x)
         if self.blocked is not None and layout_takes(x2.shape[0]):  # a few-row block: Inductor's own loop
             own_bias = None if self.bias is None else self.bias[self.start:self.start + self.out_features]
-            return one_token_product(x2, self.blocked, own_bias).reshape(*lead, self.out_features)
+            return few_row_product(x2, self.blocked, own_bias).reshape(*lead, self.out_features)
         y = onednn_linear(x2, self.packed, self.bias, self.total)[:, self.start:self.start + self.out_features]
         return y.reshape(*lead, self.out_features)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..core.machine import machine_id
-from ..kernels.gemv import LAYOUT as ONE_TOKEN_LAYOUT
+from ..kernels.gemv import LAYOUT as PRODUCT_LAYOUT
 from ..kernels.onednn import SHARED_PRODUCTS_PASS, shared_products_pass
 from ..kernels.swap import linear_layers
 
@@ -74,7 +74,7 @@ def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int,
         "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in linear_layers(model)}),
         "passes": SHARED_PRODUCTS_PASS,
         "inductor": INDUCTOR_OPTIONS,
-        "one_token": ONE_TOKEN_LAYOUT if any(getattr(m, "blocked", None) is not None
+        "one_token": PRODUCT_LAYOUT if any(getattr(m, "blocked", None) is not None
                                         for _, _, m in linear_layers(model)) else None,
         "machine": machine_id(),  # CPU model, thread count, torch version
         "torch_dir": str(Path(torch.__file__).parent),  # its kernels' build key names the install's headers
@@ -117,12 +117,18 @@ row of their input once per weight block, and recomputing a normalised row there
 block of SmolLM2 3.7x slower than a 1-token one (8.4 against 30.8 ms on a 2-layer cut, AVX2)."""
 
 
+def cpu_step_options() -> dict:
+    """``torch.compile`` options of the CPU step, ahead of time or not: the shared-products pass
+    (:func:`~selfspec.kernels.onednn.shared_products_pass`) and :data:`INDUCTOR_OPTIONS`."""
+    return {"post_grad_custom_pre_pass": shared_products_pass(), **INDUCTOR_OPTIONS}
+
+
 def compile_step(model: torch.nn.Module, kwargs: dict, path: Path | None) -> Callable:
     """Compile ``model.forward`` for the shapes of ``kwargs`` ahead of time; save it to ``path``
     (when given and writable). Returns ``fn(model, **kwargs)``."""
     compiled = torch.compile(model.forward, dynamic=False, fullgraph=True,
                              options={"guard_filter_fn": lambda entries: [False for _ in entries],
-                                      "post_grad_custom_pre_pass": shared_products_pass(), **INDUCTOR_OPTIONS})
+                                      **cpu_step_options()})
     with _probed_isa(path.parent) if path is not None else contextlib.nullcontext():
         fn = compiled.aot_compile(((), kwargs))
     if path is not None:

@@ -49,7 +49,6 @@ import torch
 from ..core import kv_cache
 from ..core.timing import now
 from ..errors import SelfspecError
-from ..kernels.onednn import shared_products_pass
 from ..paths import writable_cache_dir
 from . import aot_step
 from .adapter import BlockOutput, build_mask
@@ -225,8 +224,7 @@ class StaticStep:
                 self._fn = torch.compile(self.model.forward, dynamic=False, mode="reduce-overhead")
             else:
                 self._fn = torch.compile(self.model.forward, dynamic=False,
-                                         options={"post_grad_custom_pre_pass": shared_products_pass(),
-                                                  **aot_step.INDUCTOR_OPTIONS})
+                                         options=aot_step.cpu_step_options())
         return self._fn
 
     def missing(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> list[tuple[int, int, bool]]:
