@@ -5,6 +5,7 @@ isotonic fit, online correction from verify timings, and ``selfspec profile``.""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -213,3 +214,59 @@ def test_profile_command_says_cached_and_measures_up_to_max_q(tiny_dir, tmp_path
     assert [int(r[0]) for r in rows(out)] == [1, 2, 3, 4, 5, 6, 8, 10] and "saved: " in out
     assert main([*args, "--max-q", "10", "--remeasure"]) == 0
     assert "saved: " in capsys.readouterr().out
+
+
+class RecordingStep:
+    """A :class:`~selfspec.core.cost.BlockStep` that records what :func:`~selfspec.core.cost.measure`
+    runs through it (and computes nothing)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.capacity = 0
+        self.given_back = False
+
+    def capacity_for(self, tokens: int) -> int:
+        return 4 * tokens
+
+    def take_cache(self, capacity: int) -> str:
+        self.capacity = capacity
+        return "cache"
+
+    def give_back(self, cache) -> None:
+        self.given_back = cache == "cache"
+
+    def prefill(self, cache, ids, want_hidden):
+        self.calls.append(("prefill", ids.numel(), want_hidden))
+
+    def forward(self, cache, ids, positions, block_mask, want_hidden, base=None):
+        self.calls.append((ids.numel(), int(positions[0]), block_mask, want_hidden, base))
+
+
+def test_measure_times_a_backends_step_instead_of_the_eager_forward():
+    """The compiled backend's T(q) is its padded step's, not the eager forward's (which cost 2.4x
+    its one-token step on SmolLM2): every block goes through the step, after the cached prefix, with
+    the hidden states the method verifies with; the model's own forward never runs."""
+    model = tiny_model()
+    eager: list[int] = []
+    model.register_forward_hook(lambda *a: eager.append(1))
+    step = RecordingStep()
+    prof = cost.measure(model, "k-step", qs=(1, 3), context=8, reps=1, step=step, hidden=True)
+    rounds = cost.MIN_ROUNDS + 1  # and the warm-up round
+    assert step.calls == [("prefill", 8, True)] + [(q, 8, None, True, 8) for _ in range(rounds) for q in (1, 3)]
+    assert step.capacity == 4 * (8 + 3) and step.given_back and eager == []
+    assert prof.qs == (1, 3) and prof.reps == cost.MIN_ROUNDS
+    cost.measure(model, "k-eager", qs=(1, 3), context=8, reps=1)  # negative control: no step, the eager forward
+    assert len(eager) == 1 + 2 * rounds
+
+
+def test_profiles_timed_through_a_step_are_cached_under_their_own_key(tmp_path, monkeypatch):
+    """A profile of the compiled backend cached before its step was timed (the eager forward's) is
+    not read as the step's."""
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    model = tiny_model()
+    eager = load_or_measure(model, "tiny", "compiled")
+    step = RecordingStep()
+    monkeypatch.setattr(cost, "measure", lambda m, key, qs, **kw: replace(eager, key=key, qs=qs))
+    stepped = load_or_measure(model, "tiny", "compiled", step=step)
+    assert stepped.key == cost.profile_key(model, "tiny", "compiled", stepped=True) != eager.key
+    assert load_or_measure(model, "tiny", "compiled").key == eager.key

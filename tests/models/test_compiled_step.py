@@ -338,3 +338,27 @@ def test_auto_method_on_compiled_kernels_without_saved_steps_is_refused(tiny_dir
     """auto never compiles while it chooses: with no step saved, it says what to run instead."""
     with pytest.raises(SelfspecError, match="selfspec compile.*name a method"):
         selfspec.load(str(tiny_dir), method="auto", kernels="compiled")
+
+
+def test_cost_sized_drafts_on_compiled_are_priced_by_the_step(tiny_dir, tmp_path, monkeypatch):
+    """A cost-sized drafter on the compiled backend loads a profile timed through the padded static
+    step (here run eagerly, ``compile=False``: what it runs, not how fast), with the hidden states it
+    verifies with; on another backend, through the eager forward (negative control)."""
+    from selfspec.models.loading import LoadedModel
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    base = load_model(str(tiny_dir), kernels="stock")
+    step = StaticStep(base.model, compile=False)
+    blocks: list[tuple[int, bool]] = []
+    real = step.forward
+    monkeypatch.setattr(step, "forward", lambda cache, ids, *a, **kw: blocks.append((ids.numel(), a[2])) or real(
+        cache, ids, *a, **kw))
+    t = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-priced", path=None, backend="compiled",
+                    _step=step)
+    g = selfspec.load(t, "pld", self_test=False)  # auto_k: sized from the profile
+    prof = g.drafter.sizer.profile
+    assert prof is not None and prof.key == t.cost_key and "compiled+step" in prof.key
+    assert {q for q, _ in blocks} == set(prof.qs) and not any(h for _, h in blocks)
+    blocks.clear()
+    assert selfspec.load(base, "pld", self_test=False).drafter.sizer.profile.key == base.cost_key
+    assert blocks == []

@@ -57,7 +57,6 @@ def humaneval_scores(records: list[dict], prompts: dict, tokenizer, summary: dic
 def analyse(b: BenchRun, run_load: LoadMonitor) -> dict:
     """Summarise the run's records (``meta.json``, ``report.md``, ``report.json``, plots); returns
     the summary by contender."""
-    from ..core.cost import load_or_measure
     from ..core.machine import threads_hint
 
     meta, target, backends = b.meta, b.target, b.backends
@@ -93,7 +92,7 @@ def analyse(b: BenchRun, run_load: LoadMonitor) -> dict:
     profiles = {}
     for backend in backends:
         target.use_kernels(backend, keep=True)
-        profiles[backend] = load_or_measure(target.model, target.name, backend).to_json()
+        profiles[backend] = target.cost_profile().to_json()
     meta["cost_profiles"] = profiles
     try:  # plots first: the report links the ones that were written
         from .plots import plot_all

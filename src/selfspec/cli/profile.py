@@ -31,11 +31,11 @@ def run(args: argparse.Namespace) -> int:
     if args.max_q < 1 or args.reps < 1:
         raise SelfspecError("--max-q and --reps must be at least 1")
     target = load_model(args.model, args.device, args.dtype, args.trust_remote_code, kernels=args.kernels)
-    key = cost.profile_key(target.model, target.name, target.backend)
+    key = target.cost_key
     qs = tuple(q for q in cost.PROFILE_QS if q < args.max_q) + (args.max_q,)
     # a cache that stops short of --max-q, or has drifted, is measured again (with the qs it had)
     prof, measured = cost.cached_or_measure(target.model, key, qs, remeasure=args.remeasure, max_q=args.max_q,
-                                            reps=args.reps, progress=True, what=args.model)
+                                            reps=args.reps, progress=True, what=args.model, step=target.step)
     print(f"verify cost profile of {args.model} on {kernels_label(target.backend)} kernels "
           f"({prof.context}-token cache), {key.split('|', 3)[-1]}")
     print("    q   ms/forward   T(q)/T(1)   ms/token   raw median ms   spread ms")

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -146,7 +146,34 @@ class CostProfile:
                    tuple((int(q), int(n)) for q, n in (d.get("observations") or {}).items()))
 
 
-def profile_key(model: torch.nn.Module, model_name: str, backend: str = "stock") -> str:
+class BlockStep(Protocol):
+    """A backend's own step over blocks of new tokens, timed by :func:`measure` instead of the
+    eager forward where the backend has one (the ``compiled`` backend's padded static-shape step,
+    :class:`~selfspec.models.compiled_step.StaticStep`, whose T(q) is a staircase over its padded
+    sizes and whose one-token step costs well under the eager forward's)."""
+
+    def capacity_for(self, tokens: int) -> int: ...
+
+    def take_cache(self, capacity: int) -> Any: ...
+
+    def give_back(self, cache: Any) -> None: ...
+
+    def prefill(self, cache: Any, ids: torch.Tensor, want_hidden: bool) -> Any: ...
+
+    def forward(self, cache: Any, ids: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None,
+                want_hidden: bool, base: int | None = None) -> Any: ...
+
+
+STEP_TAG = "step"
+"""Appended to the backend in the key of a profile timed through a :class:`BlockStep` (profiles of
+the ``compiled`` backend cached before its step was timed were of the eager forward)."""
+
+
+def profile_key(model: torch.nn.Module, model_name: str, backend: str = "stock", stepped: bool = False) -> str:
+    """The cache key of a profile: model, config, dtype, device, backend (``+step`` when timed
+    through the backend's step) and machine."""
+    if stepped:
+        backend = f"{backend}+{STEP_TAG}"
     p = next(model.parameters())
     dev = str(p.device)
     if p.device.type == "cuda":
@@ -157,29 +184,44 @@ def profile_key(model: torch.nn.Module, model_name: str, backend: str = "stock")
 
 @torch.inference_mode()
 def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, context: int = 256,
-            reps: int = 3, progress: bool = False) -> CostProfile:
+            reps: int = 3, progress: bool = False, step: BlockStep | None = None,
+            hidden: bool = False) -> CostProfile:
     """Measure T(q) with q values interleaved over ``reps`` rounds (at least ``MIN_ROUNDS``,
-    after a warm-up round): medians per q as ``raw``, fitted non-decreasing as ``seconds``."""
+    after a warm-up round): medians per q as ``raw``, fitted non-decreasing as ``seconds``.
+
+    ``step``: time the backend's own step (on its static cache, with hidden states when
+    ``hidden``, as the method's verify runs it: the shapes it compiles or loads are those decoding
+    uses) instead of the eager forward on a growing cache."""
     reps = max(reps, MIN_ROUNDS)
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    cache = kv_cache.new_cache(model.config)
     prompt = torch.randint(0, vocab, (1, context), generator=g)
-    model(input_ids=prompt.to(device), **kv_cache.cache_arg(model, cache), use_cache=True, logits_to_keep=1)
+    if step is not None:
+        cache = step.take_cache(step.capacity_for(context + max(qs)))
+        step.prefill(cache, prompt[0], hidden)
+    else:
+        cache = kv_cache.new_cache(model.config)
+        model(input_ids=prompt.to(device), **kv_cache.cache_arg(model, cache), use_cache=True, logits_to_keep=1)
     times: dict[int, list[float]] = {q: [] for q in qs}
-    for r in range(reps + 1):  # round 0 warms up
+    for r in range(reps + 1):  # round 0 warms up (and compiles or loads a step's shapes)
         for q in qs:
-            ids = torch.randint(0, vocab, (1, q), generator=g).to(device)
-            pos = torch.arange(context, context + q, device=device)[None]
-            with decode_attention(device), Stopwatch(device) as watch:
-                model(input_ids=ids, position_ids=pos, **kv_cache.cache_arg(model, cache), use_cache=True)
-            dt = watch.seconds
-            kv_cache.truncate(cache, context)
+            ids = torch.randint(0, vocab, (q,), generator=g)
+            pos = torch.arange(context, context + q)
+            if step is not None:
+                with Stopwatch(device) as watch:
+                    step.forward(cache, ids, pos, None, hidden, base=context)
+            else:
+                with decode_attention(device), Stopwatch(device) as watch:
+                    model(input_ids=ids.to(device)[None], position_ids=pos.to(device)[None],
+                          **kv_cache.cache_arg(model, cache), use_cache=True)
+                kv_cache.truncate(cache, context)
             if r > 0:
-                times[q].append(dt)
+                times[q].append(watch.seconds)
         if progress:
             log.info(f"cost profile round {r}/{reps}")
+    if step is not None:
+        step.give_back(cache)
     raw = tuple(statistics.median(times[q]) for q in qs)
     spread = tuple(max(times[q]) - min(times[q]) for q in qs)
     return CostProfile(tuple(qs), tuple(isotonic(raw)), context, key, raw, spread, reps)
@@ -203,15 +245,17 @@ def save_cache(key: str, data: dict, what: str = "cost profile") -> Path | None:
 
 
 def load_or_measure(model: torch.nn.Module, model_name: str, backend: str = "stock",
-                    remeasure: bool = False, extra_qs: tuple[int, ...] = ()) -> CostProfile:
+                    remeasure: bool = False, extra_qs: tuple[int, ...] = (), step: BlockStep | None = None,
+                    hidden: bool = False) -> CostProfile:
     """The cached profile for this model and machine, measured (and cached) if missing.
 
     ``extra_qs``: larger block sizes a method needs priced by measurement rather than
     extrapolation (SPACE's masked forwards run 1 + k + (k + 1) k tokens); a cached profile
-    without them is measured again with them."""
-    key = profile_key(model, model_name, backend)
+    without them is measured again with them. ``step`` and ``hidden``: the backend's own step
+    and whether the method verifies with hidden states (see :func:`measure`)."""
+    key = profile_key(model, model_name, backend, stepped=step is not None)
     prof, _ = cached_or_measure(model, key, tuple(sorted(set(DEFAULT_QS) | set(extra_qs))), remeasure=remeasure,
-                                what=model_name)
+                                what=model_name, step=step, hidden=hidden)
     return prof
 
 
@@ -287,7 +331,8 @@ def _write_path(key: str) -> Path | None:
 
 def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], remeasure: bool = False,
                       max_q: int = 0, reps: int = MIN_ROUNDS, progress: bool = False,
-                      what: str = "the model") -> tuple[CostProfile, bool]:
+                      what: str = "the model", step: BlockStep | None = None,
+                      hidden: bool = False) -> tuple[CostProfile, bool]:
     """The cached profile of ``key`` if it has every q of ``qs`` (or, with ``max_q``, reaches
     ``max_q``) and is not stale (:func:`stale_reason`); else measured over ``qs`` and the cached
     qs, cached, and noted when not monotonic. Returns (profile, measured)."""
@@ -305,7 +350,8 @@ def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], rem
         qs = tuple(sorted(set(qs) | set(prof.qs)))
     if not announced:
         log.info(f"measuring the verify cost profile of {what} on this machine (once) ...")
-    prof = replace(measure(model, key, qs, reps=reps, progress=progress), remeasured_for_drift=again)
+    prof = replace(measure(model, key, qs, reps=reps, progress=progress, step=step, hidden=hidden),
+                   remeasured_for_drift=again)
     note = monotone_note(prof)
     if note:
         log.info(note.removeprefix("selfspec: "))

@@ -325,12 +325,11 @@ class EagleDrafter(LearnedState):
 
 
 def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> EagleDrafter:
-    from ..core.cost import load_or_measure
     from ..kernels.backends import convert_linears
 
     head, source = load_head_for(target, cfg.head, cfg.draft_vocab, spec.name)
     convert_linears(head, target.backend)  # the head's layer on the target's kernels, like its LM head
-    profile = None if cfg.total_tokens else load_or_measure(target.model, target.name, target.backend)
+    profile = None if cfg.total_tokens else target.cost_profile(hidden=True)
     return EagleDrafter(spec.name, target.model, head, cfg, profile, source,
                         draft_lm_head(target, head, cfg.draft_vocab))
 

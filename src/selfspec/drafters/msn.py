@@ -262,10 +262,8 @@ class MsnDrafter(LearnedState):
 
 
 def build(spec: MethodSpec, target, cfg: MsnConfig, ctx: BuildContext) -> MsnDrafter:
-    from ..core.cost import load_or_measure
-
     extra = tuple(q for q in (24, 32, 48, 69) if q <= cfg.max_nodes + 1)  # price the tree sizes it may verify
-    profile = load_or_measure(target.model, target.name, target.backend, extra_qs=extra) if cfg.tree_size == 0 else None
+    profile = target.cost_profile(extra_qs=extra) if cfg.tree_size == 0 else None
     return MsnDrafter(cfg, profile)
 
 

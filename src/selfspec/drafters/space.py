@@ -156,13 +156,11 @@ class SpaceDrafter(LearnedState):
 
 
 def build(spec: MethodSpec, target, cfg: SpaceConfig, ctx: BuildContext) -> SpaceDrafter:
-    from ..core.cost import load_or_measure
-
     ids, meta = finetuned_ids(target, "space", [cfg.mask_id] if cfg.mask_id >= 0 else [], "mask token", "mask_id")
     val = (meta or {}).get("validation", {})
     prior = [val[f"acc{j}"] for j in range(2, (cfg.k or cfg.max_k) + 2) if f"acc{j}" in val]
     extra = tuple(step_tokens(k) for k in range(2, cfg.max_k + 1))  # masked forwards: up to 1 + k(k + 2)
-    profile = load_or_measure(target.model, target.name, target.backend, extra_qs=extra) if cfg.k == 0 else None
+    profile = target.cost_profile(extra_qs=extra) if cfg.k == 0 else None
     return SpaceDrafter(spec.name, spec.lossless, ids[0], cfg, profile, prior)
 
 

@@ -175,10 +175,9 @@ def check_numbers(cfg: object, method: str) -> None:
 def chain_budget(target: LoadedModel, auto: bool, k: int) -> ChainBudget:
     """The draft-length budget of a chain drafter: sized from the target's measured verify-cost
     profile when ``auto``, else always ``k``."""
-    from ..core.cost import load_or_measure
     from .budget import ChainBudget
 
-    profile = load_or_measure(target.model, target.name, target.backend) if auto else None
+    profile = target.cost_profile() if auto else None
     return ChainBudget(profile, k)
 
 

@@ -159,6 +159,11 @@ class StaticStep:
     _dir: str | None = field(default=None, repr=False)
     _loaded: set[tuple[int, int, bool]] = field(default_factory=set, repr=False)  # loaded, not compiled, here
 
+    @staticmethod
+    def capacity_for(tokens: int) -> int:
+        """Static-cache positions for a request of ``tokens`` (module :func:`capacity_for`)."""
+        return capacity_for(tokens)
+
     def take_cache(self, capacity: int):
         """An empty static cache of ``capacity`` positions for one request: one an earlier request
         gave back (:meth:`give_back`) when there is one, else a new one. Reuse keeps the cache's

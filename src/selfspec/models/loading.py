@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.cost import CostProfile, load_or_measure, profile_key
 from ..errors import SelfspecError
 from ..kernels.swap import KernelState
 from ..paths import selfspec_home
@@ -59,6 +60,20 @@ class LoadedModel:
         if self._step is None:
             self._step = StaticStep(self.model)
         return self._step
+
+    @property
+    def cost_key(self) -> str:
+        """The cache key of :meth:`cost_profile` (``core.cost.profile_key``)."""
+        return profile_key(self.model, self.name, self.backend, stepped=self.step is not None)
+
+    def cost_profile(self, hidden: bool = False, extra_qs: tuple[int, ...] = (),
+                     remeasure: bool = False) -> CostProfile:
+        """The verify cost profile T(q) of this model on its current backend, cached per machine
+        (:func:`~selfspec.core.cost.load_or_measure`): timed through the compiled step on the
+        ``compiled`` backend (with hidden states when the method verifies with them, ``hidden``),
+        else through the eager forward."""
+        return load_or_measure(self.model, self.name, self.backend, remeasure=remeasure, extra_qs=extra_qs,
+                               step=self.step, hidden=hidden)
 
     def use_kernels(self, kernels: str, keep: bool = False) -> str:
         """Switch this model's linear layers to ``kernels`` (in place); returns the backend."""

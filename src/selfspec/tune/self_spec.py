@@ -12,7 +12,6 @@ import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.cost import load_or_measure
 from ..core.machine import machine_id
 from ..drafters.self_spec import DRAFT_EXITS, draft_parts
 from ..drafters.skip_config import GammaSettings, SkipConfig, config_hash, user_config_path
@@ -122,7 +121,7 @@ def tune_self_spec(target: LoadedModel, opts: TuneOptions, progress: bool = True
                                    opts.draft_kernels)
         extra = {"ar_tokens_per_s": objective.ar_tps}
     else:
-        profile = load_or_measure(target.model, target.name, backend)
+        profile = target.cost_profile()
         parts = draft_parts(target, opts.draft_vocab, opts.draft_kernels)
         cost = measure_draft_cost(target.model, parts=parts)
         objective = ProxyObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma, profile, cost,
