@@ -11,6 +11,7 @@ from selfspec.core.cost import profile_key, profile_path
 from selfspec.errors import SelfspecError
 from selfspec.kernels import KERNELS, apply_kernels, current_backend
 from selfspec.kernels.auto import candidates, choose
+from selfspec.kernels.onednn import available as onednn_available
 from selfspec.models.loading import load_model
 
 
@@ -177,3 +178,22 @@ def test_siblings_share_one_product_in_the_compiled_step(tiny_qwen_dir):
     assert calls == 4 * layers + 1  # qkv, o, gate-up, down per layer; the head
     assert len(linear_layers(model)) == 7 * layers + 1
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(onednn_available(torch.device("cpu"), torch.float32) is not None, reason="no oneDNN here")
+def test_switching_without_keep_reuses_the_kept_layers_then_frees_the_rest(tiny_dir):
+    """``auto`` tries backends keeping their layers, then switches to its choice without keeping:
+    that switch reuses the layers kept for the choice (their packed and blocked copies are not made
+    again) and frees the others'; a switch with nothing kept converts (negative control)."""
+    from selfspec.kernels.swap import linear_layers
+
+    t = load_model(str(tiny_dir))
+    t.use_kernels("compiled", keep=True)
+    tried = [m for _, _, m in linear_layers(t.model)]
+    t.use_kernels("onednn", keep=True)
+    t.use_kernels("compiled")
+    assert all(a is b for a, b in zip(tried, (m for _, _, m in linear_layers(t.model))))
+    assert t.kernel_state.kept == {}
+    t.use_kernels("stock")
+    t.use_kernels("compiled")
+    assert not any(a is b for a, b in zip(tried, (m for _, _, m in linear_layers(t.model))))

@@ -244,7 +244,7 @@ class StaticStep:
         d = compile_cache_dir()
         if d is None or not aot_step.supported(next(self.model.parameters()).device):
             return todo
-        return [sh for sh in todo if not aot_step.artifact_path(d, self.model, sh).is_file()]
+        return [sh for sh, path in zip(todo, aot_step.artifact_paths(d, self.model, todo)) if not path.is_file()]
 
     def warm_up(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> float:
         """Compile the step for blocks of each of ``sizes`` (padded as :func:`bucket`) on a
