@@ -16,7 +16,7 @@ from .generator import CompiledFallback, GenerationResult, SpeculativeGenerator,
 from .models.bundled import DEFAULT_MODEL
 from .models.compiled_step import MIN_CAPACITY
 from .models.loading import LoadedModel, load_model
-from .models.selftest import keep_int8_promise, tree_self_test
+from .models.selftest import cached_tree_self_test, keep_int8_promise
 from .registry import AUTO, BASELINE, METHODS, BuildContext, method_config
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def _load(model: str | LoadedModel, method: str, device: str | None, dtype: str 
     if kernels != AUTO and kernels != target.backend:
         target.use_kernels(kernels)
     if self_test:
-        worst = tree_self_test(target.model)
+        worst = cached_tree_self_test(target)  # recorded per model files, backend, code and machine
         keep_int8_promise(target, lambda m: worst)  # int8 promises bit-identical rows: checked, else stock
     if method == AUTO or kernels == AUTO:
         return _load_chosen(target, method, method_options, kernels, trust_remote_code, remeasure,
