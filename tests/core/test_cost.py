@@ -32,13 +32,14 @@ def test_cache_and_extra_block_sizes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cost, "measure", counting)
     model = tiny_model()
-    first = load_or_measure(model, "tiny")
+    key = cost.profile_key(model, "tiny")
+    first = load_or_measure(model, key)
     assert first.qs == cost.DEFAULT_QS and len(calls) == 1
-    assert load_or_measure(model, "tiny").qs == first.qs and len(calls) == 1  # cached
-    wide = load_or_measure(model, "tiny", extra_qs=(25, 36))
+    assert load_or_measure(model, key).qs == first.qs and len(calls) == 1  # cached
+    wide = load_or_measure(model, key, extra_qs=(25, 36))
     assert len(calls) == 2 and {25, 36} <= set(wide.qs) and set(cost.DEFAULT_QS) <= set(wide.qs)
-    assert load_or_measure(model, "tiny", extra_qs=(36,)).qs == wide.qs and len(calls) == 2
-    assert load_or_measure(model, "tiny").qs == wide.qs and len(calls) == 2  # the wider profile serves all
+    assert load_or_measure(model, key, extra_qs=(36,)).qs == wide.qs and len(calls) == 2
+    assert load_or_measure(model, key).qs == wide.qs and len(calls) == 2  # the wider profile serves all
 
 
 # --- robust profiles: repeats, isotonic fit, noise-aware notes -------------------------------------------------
@@ -148,15 +149,16 @@ def test_a_generator_writes_the_correction_back_after_requests(tmp_path, monkeyp
     model = tiny_model()
     monkeypatch.setattr(cost, "measure", lambda m, key, qs=cost.DEFAULT_QS, *a, **kw: CostProfile(
         tuple(qs), tuple(float(q) for q in qs), 8, key, tuple(float(q) for q in qs), (0.0,) * len(qs), 3))
-    prof = load_or_measure(model, "tiny-exit")
+    key = cost.profile_key(model, "tiny-exit")
+    prof = load_or_measure(model, key)
     assert prof.path is not None and prof.path.is_file()
     online = OnlineCost(prof)
     for _ in range(5):
         online.observe(2, 2.5)
-    wider = load_or_measure(model, "tiny-exit", extra_qs=(36,))  # measured again, wider, meanwhile
+    wider = load_or_measure(model, key, extra_qs=(36,))  # measured again, wider, meanwhile
     assert 36 in wider.qs
     assert online.persist() == prof.path
-    again = load_or_measure(model, "tiny-exit")
+    again = load_or_measure(model, key)
     assert again.source == "corrected" and again.raw[1] == 2.5 and again.last_drift == pytest.approx(0.25)
     assert again.qs == wider.qs  # corrected on top of what the cache held when written
 
@@ -172,21 +174,22 @@ def test_drift_over_thirty_percent_is_measured_again_once(tmp_path, monkeypatch)
 
     monkeypatch.setattr(cost, "measure", fake)
     model = tiny_model()
-    prof = load_or_measure(model, "tiny-drift")
+    key = cost.profile_key(model, "tiny-drift")
+    prof = load_or_measure(model, key)
     assert len(calls) == 1
 
     def drifted(p, d, **kw):
         cost.write_profile(cost.replace(p, last_drift=d, source="corrected", **kw), cost.profile_path(p.key))
 
     drifted(prof, 0.2)
-    assert load_or_measure(model, "tiny-drift").last_drift == 0.2 and len(calls) == 1  # within 30%: kept
+    assert load_or_measure(model, key).last_drift == 0.2 and len(calls) == 1  # within 30%: kept
     drifted(prof, 0.45)
-    fresh = load_or_measure(model, "tiny-drift")
+    fresh = load_or_measure(model, key)
     assert len(calls) == 2 and fresh.remeasured_for_drift and fresh.last_drift == 0.0
     # the same drift found right after that re-measurement is systematic: corrected values are kept
     drifted(fresh, 0.45, remeasured_for_drift=True)
-    assert load_or_measure(model, "tiny-drift").last_drift == 0.45 and len(calls) == 2
-    assert load_or_measure(model, "tiny-drift", remeasure=True) and len(calls) == 3
+    assert load_or_measure(model, key).last_drift == 0.45 and len(calls) == 2
+    assert load_or_measure(model, key, remeasure=True) and len(calls) == 3
 
 
 # --- selfspec profile ---------------------------------------------------------------------------------------------
@@ -261,12 +264,15 @@ def test_measure_times_a_backends_step_instead_of_the_eager_forward():
 
 def test_profiles_timed_through_a_step_are_cached_under_their_own_key(tmp_path, monkeypatch):
     """A profile of the compiled backend cached before its step was timed (the eager forward's) is
-    not read as the step's."""
+    not read as the step's: the stepped key differs, and each key reads back its own profile."""
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
     model = tiny_model()
-    eager = load_or_measure(model, "tiny", "compiled")
+    eager_key = cost.profile_key(model, "tiny", "compiled")
+    stepped_key = cost.profile_key(model, "tiny", "compiled", stepped=True)
+    assert stepped_key != eager_key and f"|compiled+{cost.STEP_TAG}|" in stepped_key
+    eager = load_or_measure(model, eager_key)
     step = RecordingStep()
     monkeypatch.setattr(cost, "measure", lambda m, key, qs, **kw: replace(eager, key=key, qs=qs))
-    stepped = load_or_measure(model, "tiny", "compiled", step=step)
-    assert stepped.key == cost.profile_key(model, "tiny", "compiled", stepped=True) != eager.key
-    assert load_or_measure(model, "tiny", "compiled").key == eager.key
+    stepped = load_or_measure(model, stepped_key, step=step)
+    assert stepped.key == stepped_key
+    assert load_or_measure(model, eager_key).key == eager.key

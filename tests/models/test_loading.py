@@ -201,16 +201,16 @@ def test_read_only_shared_home_is_read_and_profiles_go_to_the_user_cache(shared_
     shared.write_text(json.dumps(cost.CostProfile(cost.DEFAULT_QS, times, 64, key).to_json()))
     home.chmod(0o555)
     assert cost.profile_path(key) == shared
-    assert cost.load_or_measure(t.model, "tiny-shared").seconds == times  # read, not measured
+    assert cost.load_or_measure(t.model, key).seconds == times  # read, not measured
     other = cost.profile_key(t.model, "tiny-new", "stock")
     caplog.set_level(logging.INFO, logger="selfspec")
     caplog.clear()
-    prof = cost.load_or_measure(t.model, "tiny-new")
+    prof = cost.load_or_measure(t.model, other)
     assert "measuring" in caplog.text
     assert cost.profile_path(other) == user / "profiles" / cost.profile_path(other).name
     assert cost.profile_path(other).is_file() and {p.name for p in home.rglob("*")} == {"profiles", shared.name}
     caplog.clear()
-    assert cost.load_or_measure(t.model, "tiny-new") == prof and "measuring" not in caplog.text
+    assert cost.load_or_measure(t.model, other) == prof and "measuring" not in caplog.text
 
 
 def test_a_file_that_is_not_gguf_is_one_line(tmp_path, capsys):

@@ -244,18 +244,18 @@ def save_cache(key: str, data: dict, what: str = "cost profile") -> Path | None:
     return write_cache_file("profiles", name, json.dumps(data, indent=1), what)
 
 
-def load_or_measure(model: torch.nn.Module, model_name: str, backend: str = "stock",
-                    remeasure: bool = False, extra_qs: tuple[int, ...] = (), step: BlockStep | None = None,
+def load_or_measure(model: torch.nn.Module, key: str, what: str = "the model", remeasure: bool = False,
+                    extra_qs: tuple[int, ...] = (), step: BlockStep | None = None,
                     hidden: bool = False) -> CostProfile:
-    """The cached profile for this model and machine, measured (and cached) if missing.
+    """The cached profile of ``key`` (:func:`profile_key`, with ``stepped`` where ``step`` is given)
+    for this model and machine, measured (and cached) if missing; ``what`` names the model in the log.
 
     ``extra_qs``: larger block sizes a method needs priced by measurement rather than
     extrapolation (SPACE's masked forwards run 1 + k + (k + 1) k tokens); a cached profile
     without them is measured again with them. ``step`` and ``hidden``: the backend's own step
     and whether the method verifies with hidden states (see :func:`measure`)."""
-    key = profile_key(model, model_name, backend, stepped=step is not None)
     prof, _ = cached_or_measure(model, key, tuple(sorted(set(DEFAULT_QS) | set(extra_qs))), remeasure=remeasure,
-                                what=model_name, step=step, hidden=hidden)
+                                what=what, step=step, hidden=hidden)
     return prof
 
 

@@ -63,7 +63,8 @@ class LoadedModel:
 
     @property
     def cost_key(self) -> str:
-        """The cache key of :meth:`cost_profile` (``core.cost.profile_key``)."""
+        """The cache key of :meth:`cost_profile` (``core.cost.profile_key``; the one place it is
+        built for a loaded model: ``+step`` where the backend verifies through its own step)."""
         return profile_key(self.model, self.name, self.backend, stepped=self.step is not None)
 
     def cost_profile(self, hidden: bool = False, extra_qs: tuple[int, ...] = (),
@@ -72,7 +73,7 @@ class LoadedModel:
         (:func:`~selfspec.core.cost.load_or_measure`): timed through the compiled step on the
         ``compiled`` backend (with hidden states when the method verifies with them, ``hidden``),
         else through the eager forward."""
-        return load_or_measure(self.model, self.name, self.backend, remeasure=remeasure, extra_qs=extra_qs,
+        return load_or_measure(self.model, self.cost_key, self.name, remeasure=remeasure, extra_qs=extra_qs,
                                step=self.step, hidden=hidden)
 
     def use_kernels(self, kernels: str, keep: bool = False) -> str:
