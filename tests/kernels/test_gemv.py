@@ -11,26 +11,34 @@ from selfspec.kernels.swap import linear_layers
 from selfspec.models.loading import load_model
 
 
-def test_blocked_layout_interleaves_eight_output_rows():
-    w = torch.arange(16 * 3, dtype=torch.float32).reshape(16, 3)
+def test_blocked_layout_interleaves_one_vector_of_output_rows():
+    b = gemv.BLOCK
+    w = torch.arange(2 * b * 3, dtype=torch.float32).reshape(2 * b, 3)
     wb = gemv.blocked(w)
-    assert wb.shape == (2, 3, 8) and wb.is_contiguous()
+    assert wb.shape == (2, 3, b) and wb.is_contiguous()
     for j in range(2):
         for k in range(3):
-            for i in range(8):
-                assert wb[j, k, i] == w[j * 8 + i, k]
+            for i in range(b):
+                assert wb[j, k, i] == w[j * b + i, k]
     assert gemv.blocked(torch.zeros(12, 3)) is None  # 12 rows: not a whole number of blocks
+
+
+@pytest.mark.parametrize(("capability", "lanes"), [("AVX512", 16), ("AVX2", 8), ("DEFAULT", 8), ("SVE256", 8)])
+def test_the_block_is_one_vector_register_of_fp32(capability, lanes):
+    assert gemv.vector_lanes(capability) == lanes
+    assert gemv.BLOCK == gemv.vector_lanes(torch.backends.cpu.get_cpu_capability())
+    assert gemv.LAYOUT == f"gemv-blocked{gemv.BLOCK}-rows{gemv.ROWS}"  # saved steps' names tell the widths apart
 
 
 @pytest.mark.parametrize("rows", [1, 3, gemv.ROWS])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_is_the_linear_product(bias, rows):
     torch.manual_seed(0)
-    layer = torch.nn.Linear(48, 40, bias=bias)
+    layer = torch.nn.Linear(48, 80, bias=bias)
     x = torch.randn(rows, 48)
     wb, b = gemv.blocked(layer.weight), layer.bias.detach() if bias else None
     got = gemv.gemv(x, wb, b)
-    assert got.shape == (rows, 40)
+    assert got.shape == (rows, 80)
     for m in range(rows):  # each row is its own reduction: the same values as the row alone
         assert torch.equal(got[m:m + 1], gemv.gemv(x[m:m + 1], wb, b))
     torch.testing.assert_close(got, layer(x).detach(), atol=1e-5, rtol=1e-5)
@@ -86,6 +94,32 @@ def test_step_options_compute_a_normalised_input_once_for_all_rows():
 
     assert sqrts(INDUCTOR_OPTIONS, 4) == sqrts(INDUCTOR_OPTIONS, 1)
     assert sqrts({}, 4) > sqrts({}, 1)
+
+
+@pytest.mark.matrix  # compiles two graphs
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="the vector widths this test knows are x86's")
+@torch.inference_mode()
+def test_the_products_loop_reads_whole_vectors_of_the_layout():
+    """Compiled, the product over the layout of :data:`gemv.BLOCK` lanes loads whole vectors and
+    keeps each output block's sum in one thread; negative control: a layout of half the lanes
+    (8 on an AVX-512 CPU, what made its compiled step 4x slower) is read with masked loads and
+    reduced with masked sums."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    w, x = torch.randn(4 * gemv.BLOCK, 64), torch.randn(1, 64)
+
+    def code(lanes: int) -> str:
+        torch._dynamo.reset()
+        wb = w.reshape(-1, lanes, 64).transpose(1, 2).contiguous()
+        fn = torch.compile(gemv.gemv, dynamic=False, fullgraph=True)
+        y, src = run_and_get_code(fn, x, wb)
+        torch.testing.assert_close(y, x @ w.T, atol=1e-5, rtol=1e-5)
+        return "\n".join(src)
+
+    assert "sum_masked_reduce" not in code(gemv.BLOCK)
+    assert "sum_masked_reduce" in code(gemv.BLOCK // 2)
 
 
 @torch.inference_mode()

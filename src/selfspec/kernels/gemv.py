@@ -6,13 +6,20 @@ The library kernels read them well below the memory's speed on some CPUs: on a 2
 (AVX2) MKL's and oneDNN's fp32 matrix-vector products reached 11-18 GB/s in one decode step's
 worth of SmolLM2 layers, against 27-33 GB/s for a plain sum over memory (MKL's did not use the
 second thread at all). Written as ``(W_blocked * x).sum(K)`` over weights laid out as
-``[N / 8, K, 8]`` (8 output rows interleaved, so that each block of 8 outputs reads one
-contiguous stretch of memory), the same product is a reduction that Inductor generates as a
-vectorised loop split over the threads, fused with the step's other loops: 1.5x faster per
-decode step there (docs/performance.md, "one-token products"). A block of up to :data:`ROWS`
-rows is one such reduction per row over the same weights, which Inductor fuses into one loop
-that reads each weight block once for all rows (docs/performance.md, "few-row products": SmolLM2's
-compiled 2-, 4- and 8-token steps 1.6x, 1.7x and 1.5x faster than with oneDNN's kernel there).
+``[N / B, K, B]`` (B output rows interleaved, so that each block of B outputs reads one
+contiguous stretch of memory; B is one vector register of fp32, :data:`BLOCK`), the same
+product is a reduction that Inductor generates as a vectorised loop split over the threads,
+fused with the step's other loops: 1.5x faster per decode step there (docs/performance.md,
+"one-token products"). A block of up to :data:`ROWS` rows is one such reduction per row over
+the same weights, which Inductor fuses into one loop that reads each weight block once for all
+rows (docs/performance.md, "few-row products": SmolLM2's compiled 2-, 4- and 8-token steps
+1.6x, 1.7x and 1.5x faster than with oneDNN's kernel there).
+
+The block must be the width of the vectors Inductor writes: with 8 lanes on an AVX-512 CPU (16-lane
+vectors), Inductor vectorised the lanes with masked half-width loads and split each block's sum over
+``K`` across the threads instead, one parallel region per block of 8 outputs, and SmolLM2's compiled
+one-token step took 59 ms against 15 ms with 16 lanes (docs/performance.md, "The compiled step on
+AVX-512").
 
 Larger blocks keep oneDNN's blocked kernel (the fused loop's accumulators run out of registers
 and its compile time grows with the rows). The layout is a copy of the weights, made once when
@@ -23,8 +30,19 @@ from __future__ import annotations
 
 import torch
 
-BLOCK = 8
-"""Output rows interleaved per block of the layout (one AVX2 register of fp32)."""
+
+def vector_lanes(capability: str | None = None) -> int:
+    """fp32 lanes of one vector register of the widest instruction set PyTorch dispatches to on
+    this CPU (``capability``: ``torch.backends.cpu.get_cpu_capability()``, e.g. ``AVX2``,
+    ``AVX512``): 16 with AVX-512, else 8 (AVX2, and the layout's width elsewhere)."""
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    return 16 if capability.upper().startswith("AVX512") else 8
+
+
+BLOCK = vector_lanes()
+"""Output rows interleaved per block of the layout: one vector register of fp32 on this CPU (8
+with AVX2, 16 with AVX-512), the width of the vectors Inductor writes for the product's loop."""
 ROWS = 8
 """The largest block the layout's product computes (:func:`takes`); larger blocks keep oneDNN."""
 
