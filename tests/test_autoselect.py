@@ -385,6 +385,21 @@ def test_a_new_skip_config_invalidates_the_cached_choice(tiny):
         p.unlink()
 
 
+def test_a_new_compiled_step_code_invalidates_a_choice_among_compiled_candidates(tiny, monkeypatch):
+    """A choice that timed the compiled backend is keyed on its steps' code version (layout,
+    Inductor options, pass): a new layout (16 lanes on AVX-512 made the step 4x faster there) has it
+    measured again; a choice among eager backends only keeps its key (negative control)."""
+    from selfspec.autoselect.choice import cache_key
+    from selfspec.models import aot_step
+
+    compiled = [Candidate("ar", {}, "stock"), Candidate("ar", {}, "compiled")]
+    eager = [Candidate("ar", {}, "stock"), Candidate("ar", {}, "onednn")]
+    before = cache_key(tiny, compiled), cache_key(tiny, eager)
+    monkeypatch.setattr(aot_step, "PRODUCT_LAYOUT", "gemv-blocked4-rows8")
+    assert cache_key(tiny, compiled) != before[0]
+    assert cache_key(tiny, eager) == before[1]
+
+
 def test_auto_times_the_compiled_backend_only_for_methods_whose_steps_are_saved(tiny_dir, tmp_path, monkeypatch):
     """auto compiles nothing: with no step saved here it leaves the compiled backend out; where
     ar's one step is saved (pretended; the step runs eagerly) ar@compiled is a candidate, the

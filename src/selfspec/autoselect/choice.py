@@ -60,10 +60,15 @@ def _artefacts(target: LoadedModel, cands: Sequence[Candidate]) -> list:
 
 
 def cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
-    """Model, dtype, device, machine (CPU, threads, torch), candidate list and draft artefacts."""
+    """Model, dtype, device, machine (CPU, threads, torch), candidate list, draft artefacts and,
+    where a candidate runs on the compiled backend, the version of its steps' code
+    (:func:`~selfspec.models.aot_step.code_version`)."""
+    from ..models.aot_step import code_version
+
+    step_code = code_version() if any(c.kernels == "compiled" for c in cands) else None
     sig = hashlib.sha256(json.dumps([[[c.method, c.options, c.kernels, c.precision] for c in cands],
                                      _artefacts(target, cands), CALIBRATION_PROMPTS, CALIBRATION_TOKENS, PRUNE_TOKENS,
-                                     list(ROUNDS)], sort_keys=True).encode()).hexdigest()
+                                     list(ROUNDS), step_code], sort_keys=True).encode()).hexdigest()
     return profile_key(target.model, target.name, "auto") + f"|{CACHE_FORMAT}|{sig[:12]}"
 
 
