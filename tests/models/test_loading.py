@@ -300,3 +300,17 @@ def test_two_first_runs_convert_the_model_once(tmp_path, monkeypatch, tiny_dir, 
         t.join()
     assert calls == ["download"] and got == [bundled.model_dir(name)] * 2
     assert "waiting for it" in caplog.text
+
+
+def test_a_compiled_steps_profile_is_keyed_on_the_steps_code(tiny_dir, monkeypatch):
+    """On the compiled backend the profile's key names the step's code version: a new layout (16
+    lanes on AVX-512 made the one-token step 4x faster there) has its profile measured anew instead
+    of reading the old step's back. Negative control: an eager backend's key does not change."""
+    from selfspec.models import aot_step
+
+    compiled, stock = load_model(str(tiny_dir), kernels="compiled"), load_model(str(tiny_dir), kernels="stock")
+    before = compiled.cost_key, stock.cost_key
+    assert "|compiled+step|" in before[0] and "step-code=" in before[0] and "step-code=" not in before[1]
+    monkeypatch.setattr(aot_step, "PRODUCT_LAYOUT", "gemv-blocked4-rows8")
+    assert compiled.cost_key != before[0]
+    assert stock.cost_key == before[1]

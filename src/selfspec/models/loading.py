@@ -64,8 +64,15 @@ class LoadedModel:
     @property
     def cost_key(self) -> str:
         """The cache key of :meth:`cost_profile` (``core.cost.profile_key``; the one place it is
-        built for a loaded model: ``+step`` where the backend verifies through its own step)."""
-        return profile_key(self.model, self.name, self.backend, stepped=self.step is not None)
+        built for a loaded model): ``+step`` where the backend verifies through its own step, and
+        then the version of the step's code (:func:`~selfspec.models.aot_step.code_version`: a new
+        layout or Inductor option makes another step, whose profile is measured anew)."""
+        if self.step is None:
+            return profile_key(self.model, self.name, self.backend)
+        from .aot_step import code_version
+
+        version = hashlib.sha256(code_version().encode()).hexdigest()[:12]
+        return f"{profile_key(self.model, self.name, self.backend, stepped=True)}|step-code={version}"
 
     def cost_profile(self, hidden: bool = False, extra_qs: tuple[int, ...] = (),
                      remeasure: bool = False) -> CostProfile:
