@@ -129,8 +129,9 @@ block of SmolLM2 3.7x slower than a 1-token one (8.4 against 30.8 ms on a 2-laye
 def code_version() -> str:
     """What a CPU step's generated code depends on besides the model, its shapes and the machine:
     the graph pass, the Inductor options and the few-row layout (each also in saved steps' names).
-    ``auto``'s cached choice is keyed on it, so a layout or option that changes the compiled step's
-    speed (16 lanes on AVX-512, say) has the compiled candidates timed again."""
+    ``auto``'s cached choice and the step's cost profile (``LoadedModel.cost_key``) are keyed on
+    it, so a layout or option that changes the compiled step's speed (16 lanes on AVX-512, say) has
+    the step timed again."""
     return json.dumps({"passes": SHARED_PRODUCTS_PASS, "inductor": INDUCTOR_OPTIONS, "layout": PRODUCT_LAYOUT},
                       sort_keys=True, default=str)
 
