@@ -247,8 +247,9 @@ def save_cache(key: str, data: dict, what: str = "cost profile") -> Path | None:
 def load_or_measure(model: torch.nn.Module, key: str, what: str = "the model", remeasure: bool = False,
                     extra_qs: tuple[int, ...] = (), step: BlockStep | None = None,
                     hidden: bool = False) -> CostProfile:
-    """The cached profile of ``key`` (:func:`profile_key`, with ``stepped`` where ``step`` is given)
-    for this model and machine, measured (and cached) if missing; ``what`` names the model in the log.
+    """The cached profile of ``key`` for this model and machine, measured (and cached) if missing;
+    ``what`` names the model in the log. ``key``: :func:`profile_key`; a loaded model's is
+    ``LoadedModel.cost_key`` (``stepped``, plus the step's code version, where ``step`` is given).
 
     ``extra_qs``: larger block sizes a method needs priced by measurement rather than
     extrapolation (SPACE's masked forwards run 1 + k + (k + 1) k tokens); a cached profile
