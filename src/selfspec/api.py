@@ -17,7 +17,7 @@ from .models.bundled import DEFAULT_MODEL
 from .models.compiled_step import MIN_CAPACITY
 from .models.loading import LoadedModel, load_model
 from .models.selftest import cached_tree_self_test, keep_int8_promise
-from .registry import AUTO, BASELINE, METHODS, BuildContext, method_config
+from .registry import AUTO, BASELINE, METHODS, BuildContext, compiled_blocks, method_config
 
 if TYPE_CHECKING:
     from .autoselect import Candidate
@@ -114,13 +114,13 @@ def build(target: LoadedModel, method: str, options: dict, trust_remote_code: bo
 
 def compiled_ready(target: LoadedModel, methods: Sequence[str]) -> list[str]:
     """Those of ``methods`` whose compiled steps (every block size of
-    :func:`~selfspec.models.compiled_step.block_sizes`, on the default static cache, with or
+    :func:`~selfspec.registry.compiled_blocks`, on the default static cache, with or
     without hidden states) are saved on this machine, so that ``auto`` can time them on the
     ``compiled`` backend without compiling anything (``selfspec compile`` saves them). Switches
     ``target`` to the compiled backend (keeping its current layers) only where some step of this
     model could be saved; it is left on the backend it was on."""
     from .models import aot_step
-    from .models.compiled_step import block_sizes, compile_cache_dir
+    from .models.compiled_step import compile_cache_dir
 
     d = compile_cache_dir()
     if d is None or not aot_step.supported(target.device) or target.model.dtype != torch.float32:
@@ -133,7 +133,7 @@ def compiled_ready(target: LoadedModel, methods: Sequence[str]) -> list[str]:
         step = target.step
         assert step is not None
         return [m for m in methods
-                if any(not step.missing(MIN_CAPACITY, block_sizes(m), hidden) for hidden in (False, True))]
+                if any(not step.missing(MIN_CAPACITY, compiled_blocks(m), hidden) for hidden in (False, True))]
     finally:
         target.use_kernels(before, keep=True)
 
@@ -141,9 +141,7 @@ def compiled_ready(target: LoadedModel, methods: Sequence[str]) -> list[str]:
 def _auto_sizes(c: Candidate) -> tuple[int, ...]:
     """The compiled block sizes of a candidate of ``auto``: all it verifies on the compiled backend
     (saved here, or it would be no candidate), loaded before it is timed so no timed run loads one."""
-    from .models.compiled_step import block_sizes
-
-    return block_sizes(c.method) if c.kernels == "compiled" else (1,)
+    return compiled_blocks(c.method) if c.kernels == "compiled" else (1,)
 
 
 def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, trust_remote_code: bool,

@@ -16,6 +16,7 @@ from .drafters import base, draft_model, eagle, jacobi, msn, prompt_lookup, sdsa
 from .drafters.base import NoOptions
 from .drafters.spec import BuildContext, MethodSpec, option
 from .errors import SelfspecError
+from .models.compiled_step import block_sizes
 
 # auto tries its candidates in this order (ar first, the reference; msn before pld and jacobi: the cost
 # profile msn measures covers the block sizes they need, so a first calibration measures it once)
@@ -47,7 +48,7 @@ class AutoOptions:
 
 
 __all__ = ["AUTO", "AUTO_HELP", "BASELINE", "METHODS", "AutoOptions", "BuildContext", "MethodSpec", "NoOptions",
-           "draft_model_of", "method_config", "options_class"]
+           "compiled_blocks", "draft_model_of", "method_config", "options_class"]
 
 
 def options_class(method: str) -> type:
@@ -71,6 +72,13 @@ def method_config(method: str, options: dict) -> object:
         return cls(**options)
     except TypeError as e:
         raise SelfspecError(f"bad options for method '{method}': {e}") from e
+
+
+def compiled_blocks(method: str) -> tuple[int, ...]:
+    """The ``compiled`` backend's verify-block sizes ``method`` runs at its defaults (every padded
+    size up to its :attr:`~selfspec.drafters.spec.MethodSpec.largest_block`): compiled ahead by
+    ``selfspec compile`` and the benchmark's warm-up, and saved for ``auto`` to time it there."""
+    return block_sizes(METHODS[method].largest_block)
 
 
 def draft_model_of(generator) -> object | None:

@@ -170,8 +170,8 @@ def test_compiled_steps_are_warmed_up_for_every_cache_size_the_prompts_need(tiny
     """A short and a long prompt need 512- and 1024-position static caches: both are compiled
     before timing (not only the longest prompt's), so no timed run pays a compile. The step runs
     eagerly here (what is tested is which shapes the bench asks for)."""
-    from selfspec.models.compiled_step import SPECULATIVE_BLOCKS as WARM_BLOCKS
     from selfspec.models.compiled_step import StaticStep
+    from selfspec.registry import compiled_blocks
 
     calls = []
     real = StaticStep.warm_up
@@ -184,4 +184,5 @@ def test_compiled_steps_are_warmed_up_for_every_cache_size_the_prompts_need(tiny
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert main(["bench", "--model", str(tiny_dir), "--methods", "pld", "--kernels", "compiled", "--dataset", str(path),
                  "--max-new-tokens", "8", "--out", str(tmp_path / "run")]) == 0
-    assert {(512, len(WARM_BLOCKS)), (1024, len(WARM_BLOCKS))} <= set(calls), calls
+    n = len(compiled_blocks("pld"))
+    assert n == 7 and {(512, n), (1024, n)} <= set(calls), calls

@@ -362,3 +362,35 @@ def test_cost_sized_drafts_on_compiled_are_priced_by_the_step(tiny_dir, tmp_path
     blocks.clear()
     assert selfspec.load(base, "pld", self_test=False).drafter.sizer.profile.key == base.cost_key
     assert blocks == []
+
+
+def test_every_block_a_method_prices_is_compiled_ahead(tiny_dir, tmp_path, monkeypatch):
+    """Each method that builds on the tiny model measures its cost profile through the step at
+    block sizes whose padded step ``selfspec compile`` saves (``registry.compiled_blocks``), so
+    neither ``auto``'s calibration nor a request compiles one: msn prices its whole 69-node tree,
+    a 128-row step. Negative control: 64-row steps, every method's but msn's largest, miss it."""
+    from selfspec.models.loading import LoadedModel
+    from selfspec.registry import METHODS, compiled_blocks
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    base = load_model(str(tiny_dir), kernels="stock")
+    step = StaticStep(base.model, compile=False)
+    blocks: list[int] = []
+    real = step.forward
+    monkeypatch.setattr(step, "forward", lambda cache, ids, *a, **kw: blocks.append(ids.numel()) or real(
+        cache, ids, *a, **kw))
+    built = {}
+    for name in METHODS:
+        blocks.clear()
+        t = LoadedModel(model=base.model, tokenizer=base.tokenizer, name=f"tiny-{name}", path=None,
+                        backend="compiled", _step=step)
+        try:
+            selfspec.load(t, name, self_test=False)
+        except SelfspecError:  # needs an artefact the tiny model has not (a head, a fine-tune)
+            continue
+        built[name] = {bucket(q) for q in blocks}
+    assert {"ar", "msn", "pld", "jacobi"} <= set(built), built
+    for name, padded in built.items():
+        assert padded <= set(compiled_blocks(name)), (name, padded)
+    assert 128 in built["msn"] and 128 not in compiled_step.block_sizes(64)
+    assert compiled_blocks("ar") == (1,)

@@ -21,8 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import SelfspecError
-from ..models.compiled_step import block_sizes, capacity_for
+from ..models.compiled_step import capacity_for
 from ..paths import check_output_dir
+from ..registry import compiled_blocks
 from .datasets import Prompt, load_dataset
 from .llamacpp import LLAMA_PEERS, LlamaCppPeer, PeerFailure, expand_peers, model_gguf, require_llama_cpp
 from .options import BenchOptions, add_bench_args, entry_name
@@ -253,7 +254,7 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
             if capacities is None:  # for the cache size of every prompt
                 capacities = sorted({capacity_for(len(b.prompt_ids(p)) + args.max_new_tokens) for p in b.prompts})
             choice = getattr(g, "auto_choice", None)  # auto's label names more than the method
-            sizes = block_sizes(choice.candidate.method if choice is not None else g.method)
+            sizes = compiled_blocks(choice.candidate.method if choice is not None else g.method)
             s = sum(g.target.step.warm_up(c, sizes, g.drafter.needs_hidden) for c in capacities)
             print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} "
                   f"({', '.join(map(str, capacities))}-position caches) in {s:.0f} s", file=sys.stderr)

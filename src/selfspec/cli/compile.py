@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
     ``--max-tokens`` need; saved under ``$SELFSPEC_HOME/compile``."""
     from ..api import build
     from ..models import aot_step
-    from ..models.compiled_step import MIN_CAPACITY, block_sizes, capacity_for, compile_cache_dir
+    from ..models.compiled_step import MIN_CAPACITY, capacity_for, compile_cache_dir
     from ..models.loading import load_model
+    from ..registry import compiled_blocks
 
     setup(args)
     if args.max_tokens < 1:
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             skipped.append(f"{method} ({e})")
             continue
         hidden = g.drafter.needs_hidden
-        missing = [sh for c in caps for sh in step.missing(c, block_sizes(method), hidden)]
+        missing = [sh for c in caps for sh in step.missing(c, compiled_blocks(method), hidden)]
         todo += [sh for sh in missing if sh not in todo]
         if not missing:
             ready.append(method)

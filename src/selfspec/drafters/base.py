@@ -49,4 +49,4 @@ def build_ar(spec: MethodSpec, target, cfg: NoOptions, ctx: BuildContext) -> Nul
 
 
 AR = MethodSpec("ar", NoOptions, build_ar, True, "plain autoregressive decoding on the same loop (the baseline)",
-               auto=ALWAYS)
+               auto=ALWAYS, largest_block=1)

@@ -262,11 +262,12 @@ class MsnDrafter(LearnedState):
 
 
 def build(spec: MethodSpec, target, cfg: MsnConfig, ctx: BuildContext) -> MsnDrafter:
-    extra = tuple(q for q in (24, 32, 48, 69) if q <= cfg.max_nodes + 1)  # price the tree sizes it may verify
+    extra = tuple(q for q in (24, 32, 48, len(TEMPLATE) + 1) if q <= cfg.max_nodes + 1)  # the trees it may verify
     profile = target.cost_profile(extra_qs=extra) if cfg.tree_size == 0 else None
     return MsnDrafter(cfg, profile)
 
 
 SPEC = MethodSpec("msn", MsnConfig, build, True,
                   "MSN's TR-Jacobi: a tree of last step's top-k predictions plus a prompt-lookup chain, verified in "
-                  "one forward; best on an MSN fine-tune (selfspec train msn)", auto=ALWAYS)
+                  "one forward; best on an MSN fine-tune (selfspec train msn)", auto=ALWAYS,
+                  largest_block=len(TEMPLATE) + 1)  # the whole template and the pending token

@@ -109,6 +109,10 @@ class MethodSpec:
             every method).
         help: one line for ``--method`` help and the docs.
         auto: whether and how ``auto`` tries it (None: never, e.g. a lossy method).
+        largest_block: the most tokens one verify forward of its defaults holds (its cost profile
+            prices up to it): the ``compiled`` backend's steps up to this block are compiled ahead
+            (``selfspec compile``, the benchmark's warm-up) and must be saved for ``auto`` to time
+            the method there. A larger block (a user's option) compiles when met.
     """
 
     name: str
@@ -117,6 +121,7 @@ class MethodSpec:
     lossless: bool
     help: str
     auto: AutoCandidacy | None = None
+    largest_block: int = 64
 
     def build(self, target: LoadedModel, cfg: object, ctx: BuildContext) -> Drafter:
         """The drafter of this method for ``target`` with options ``cfg``."""

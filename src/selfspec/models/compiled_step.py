@@ -61,9 +61,6 @@ MIN_CAPACITY = 512
 """Static caches hold at least this many positions (one compiled graph for most requests). Every
 step attends over the whole capacity: on SmolLM2 (AVX2, 2 threads) a 1-token step took 70 ms at
 512 positions and 74 ms at 1024, against 86 ms eager on a growing cache."""
-SPECULATIVE_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
-"""Block sizes compiled ahead for a speculative method (``ar`` verifies one token at a time);
-a larger block compiles when met."""
 INDUCTOR_DIR = "TORCHINDUCTOR_CACHE_DIR"
 HEADROOM = BUCKETS[-1]
 """Positions kept free after the request's last token: a padded verify block, or a self-drafted
@@ -80,10 +77,13 @@ def bucket(t: int) -> int:
     return -(-t // BUCKETS[-1]) * BUCKETS[-1]
 
 
-def block_sizes(method: str) -> tuple[int, ...]:
-    """The verify-block sizes ``method`` is compiled for ahead of use (the benchmark's warm-up,
-    ``selfspec compile``, and ``auto``'s test of whether its steps are saved here)."""
-    return (1,) if method == "ar" else SPECULATIVE_BLOCKS
+def block_sizes(largest: int) -> tuple[int, ...]:
+    """The padded sizes of every verify block of 1 to ``largest`` tokens, compiled ahead of use by
+    the benchmark's warm-up and ``selfspec compile`` (``auto`` tests that they are saved here); a
+    larger block compiles when met. ``largest`` is a method's
+    :attr:`~selfspec.drafters.spec.MethodSpec.largest_block` (see ``registry.compiled_blocks``)."""
+    top = bucket(largest)
+    return tuple(b for b in BUCKETS if b < top) + (top,)
 
 
 def capacity_for(tokens: int) -> int:
