@@ -442,6 +442,21 @@ def test_notes_are_printed_once_and_logging_is_restored(tiny_dir, capsys):
     assert (logger.level, logger.propagate, list(logger.handlers)) == before
 
 
+def test_compile_list_runs_no_step_and_lists_every_block_each_method_verifies(capsys, tiny_dir, monkeypatch):
+    """``selfspec compile --list`` runs nothing through the compiled step (building msn's drafter on
+    the compiled backend timed its cost profile through the step, compiling 8 block sizes in 5
+    minutes on SmolLM2), and the list is of every block each method verifies: msn's 128-row step
+    among them, ar's one-token step even when it is listed first."""
+    from selfspec.models.compiled_step import StaticStep
+
+    ran = []
+    monkeypatch.setattr(StaticStep, "forward", lambda self, cache, ids, *a, **kw: ran.append(ids.numel()))
+    code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "ar,msn", "--list")
+    assert code == 0 and ran == []
+    shapes = out.split("to compile (")[1].split(";")[0].split(", ")
+    assert shapes == [f"{b}x512" for b in (1, 2, 4, 8, 16, 32, 64, 128)], out
+
+
 @pytest.mark.matrix  # compiles a step (half a minute): with the compiled backend's heavier tests
 def test_compile_saves_the_steps_auto_may_then_time(capsys, tiny_dir, tmp_path, monkeypatch):
     """``selfspec compile`` compiles and saves the steps of the methods named (a second run and

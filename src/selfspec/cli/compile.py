@@ -85,20 +85,29 @@ def run(args: argparse.Namespace) -> int:
     if not aot_step.supported(target.device):
         raise SelfspecError("this PyTorch cannot save compiled steps (torch.compile(...).aot_compile needs PyTorch "
                             ">= 2.10): the compiled backend compiles in each process instead")
-    step = target.step
-    assert step is not None
     caps = [MIN_CAPACITY]
     while caps[-1] < capacity_for(args.max_tokens):
         caps.append(caps[-1] * 2)
+    methods = _methods(args, target)
+    hidden_of, skipped = {}, []
+    # each method's drafter, built on the eager stock layers: whether it verifies with hidden states, and
+    # that its artefacts are here. On the compiled backend a build would time the step for its cost profile,
+    # compiling each block size outside the progress below (and under --list, which compiles nothing)
+    target.use_kernels("stock", keep=True)
+    try:
+        for method, options in methods.items():
+            try:
+                g = build(target, method, options, args.trust_remote_code, sizes=())
+                hidden_of[method] = g.drafter.needs_hidden
+            except SelfspecError as e:
+                skipped.append(f"{method} ({e})")
+    finally:
+        target.use_kernels("compiled", keep=True)
+    step = target.step
+    assert step is not None
     todo: list[tuple[int, int, bool]] = []
-    ready, skipped = [], []
-    for method, options in _methods(args, target).items():
-        try:
-            g = build(target, method, options, args.trust_remote_code, sizes=())  # its drafter: hidden states?
-        except SelfspecError as e:
-            skipped.append(f"{method} ({e})")
-            continue
-        hidden = g.drafter.needs_hidden
+    ready = []
+    for method, hidden in hidden_of.items():
         missing = [sh for c in caps for sh in step.missing(c, compiled_blocks(method), hidden)]
         todo += [sh for sh in missing if sh not in todo]
         if not missing:
