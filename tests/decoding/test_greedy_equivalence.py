@@ -422,6 +422,11 @@ def test_reduced_draft_vocab_and_int8_drafts_match_generate(target, references, 
     assert (vocab is None) == (subset is None)
     if opts.get("draft_kernels") in ("int8", "bf16") and target.backend != opts["draft_kernels"]:
         assert g.drafter.switch is not None and g.drafter.switch.extra_bytes > 0
+    # on the compiled backend the whole-model int8 draft with its own LM head runs through its own compiled
+    # one-token step; every other draft runs eagerly
+    compiled_draft = target.backend == "compiled" and case == "self-spec-int8-full-vocab"
+    draft_step = getattr(g.drafter, "draft_step", None)
+    assert (draft_step is not None) == compiled_draft
     g.drafter = InvariantChecker(g.drafter)
     for p, ref in zip(PROMPTS, references):
         r = g.generate(p, max_new_tokens=MAX_NEW)
@@ -431,3 +436,5 @@ def test_reduced_draft_vocab_and_int8_drafts_match_generate(target, references, 
             assert r.acceptance_by_depth[0] == 0.0
         if subset == "covering" and target.backend == "stock":
             assert r.acceptance_by_depth == [1.0] * K
+    if compiled_draft:
+        assert set(draft_step.compile_s) == {(1, 512, False)}  # compiled at load, drafted through, one shape

@@ -139,3 +139,38 @@ def test_shipped_configs_parse(name):
     # the draft differs from the full model: sub-layers skipped, or its own (int8) kernels
     assert skipped > 0 or cfg.draft_kernels != "same"
     assert cfg.draft_kernels in ("same", "int8") and cfg.draft_vocab >= 0
+
+
+def test_whole_model_int8_draft_runs_through_its_own_step_on_the_compiled_backend(tiny_dir, tmp_path, monkeypatch):
+    """On the compiled backend, self-spec's int8 draft of the whole model with its own LM head
+    drafts through a one-token step of its own (here run eagerly, ``compile=False``: what runs,
+    not how fast), on the request's static cache, under the int8 layers; ids are ``ar``'s on the
+    same backend. Negative controls: a skip set or a reduced draft vocabulary keeps the eager draft."""
+    from selfspec.models.compiled_step import StaticStep
+    from selfspec.models.loading import LoadedModel
+
+    from ..conftest import VOCAB, write_draft_ranking
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    base = load_model(str(tiny_dir), kernels="stock")
+    write_draft_ranking("tiny-draft-step", VOCAB, list(range(0, VOCAB, 2)))
+
+    def on_compiled() -> LoadedModel:
+        return LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-draft-step", path=None,
+                           backend="compiled", _step=StaticStep(base.model, compile=False))
+
+    ref = selfspec.load(on_compiled(), "ar", self_test=False).generate(prompt_ids(0, 8), max_new_tokens=12).token_ids
+    g = selfspec.load(on_compiled(), "self-spec", self_test=False, skip_attention=(), skip_mlp=(), k=3, auto_k=False,
+                      draft_kernels="int8", draft_vocab=0)
+    step = g.drafter.draft_step
+    assert step is not None and step is not g.target.step and g.drafter.switch.extra_bytes > 0
+    calls = []
+    real = step.forward
+    monkeypatch.setattr(step, "forward", lambda cache, ids, *a, **kw: calls.append(ids.numel()) or real(
+        cache, ids, *a, **kw))
+    r = g.generate(prompt_ids(0, 8), max_new_tokens=12)
+    assert r.token_ids == ref and calls and set(calls) == {1}
+    for opts in (dict(skip_attention=(1,), skip_mlp=()), dict(skip_attention=(), skip_mlp=(), draft_vocab=48)):
+        other = selfspec.load(on_compiled(), "self-spec", self_test=False, k=3, auto_k=False, draft_kernels="int8",
+                              **{"draft_vocab": 0, **opts})
+        assert other.drafter.draft_step is None

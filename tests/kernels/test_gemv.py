@@ -46,6 +46,47 @@ def test_gemv_is_the_linear_product(bias, rows):
     assert not torch.allclose(wrong, layer(x).detach() - (layer.bias.detach() if bias else 0), atol=1e-3)
 
 
+@pytest.mark.parametrize("rows", [1, gemv.ROWS])
+def test_gemv_over_int8_weights_is_the_dequantised_product(rows):
+    """int8 weights in the layout with one scale per output row: the product of the dequantised
+    weights (each weight converted as it is read, each output scaled after its sum). Negative
+    control: without the scales the outputs are off by them."""
+    from selfspec.kernels.int8 import quantize_rows
+
+    torch.manual_seed(0)
+    w, x, b = torch.randn(80, 48), torch.randn(rows, 48), torch.randn(80)
+    q, scale = quantize_rows(w)
+    wb = gemv.blocked(q)
+    assert wb.dtype == torch.int8
+    got = gemv.gemv(x, wb, b, scale.reshape(-1))
+    torch.testing.assert_close(got, x @ (q.float() * scale).T + b, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(gemv.gemv(x, wb, b), got, atol=1e-2)
+
+
+@pytest.mark.matrix  # compiles two graphs
+@torch.inference_mode()
+def test_compiled_int8_layers_read_int8_weights_in_the_layout():
+    """Traced, an int8 layer and an int8 group member with the draft layout
+    (:meth:`LinearSwitch.add_layout`) run the dequantised weight-only product in Inductor's loop
+    (no int8 kernel call); eagerly they keep their int8 kernel (int8 activations too)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from selfspec.kernels.int8 import Int8Group, Int8GroupMember, Int8Linear, quantize_rows
+
+    torch.manual_seed(0)
+    lin, sib = torch.nn.Linear(64, 96), torch.nn.Linear(64, 32)
+    members = [Int8GroupMember(lin, Int8Group([lin, sib]), 0), Int8Linear(lin)]
+    x = torch.randn(gemv.ROWS, 64)
+    q, scale = quantize_rows(lin.weight.detach())
+    want = x @ (q.float() * scale).T + lin.bias.detach()
+    for layer in members:
+        assert layer.add_layout() and layer.blocked.dtype == torch.int8
+        got, code = run_and_get_code(torch.compile(lambda v, m=layer: m(v), dynamic=False, fullgraph=True), x)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert not any("qlinear" in c or "_int_mm" in c for c in code)
+        assert not torch.equal(layer(x), got)  # eager: its int8 kernel, activations rounded to 8 bits
+
+
 @pytest.mark.matrix  # compiles three graphs
 @torch.inference_mode()
 def test_compiled_layer_runs_few_row_blocks_on_the_blocked_layout():

@@ -40,6 +40,7 @@ from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..kernels.switch import DRAFT_KERNELS, LinearSwitch
 from ..models.adapter import build_mask
+from ..models.compiled_step import MIN_CAPACITY, StaticStep
 from ..models.skipping import SkipSet, skip_sublayers
 from .budget import ChainBudget, ChainDraft, DraftRule, GammaExit
 from .skip_config import GammaSettings, find
@@ -127,7 +128,7 @@ class SelfSpecDrafter(LearnedState):
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
                  source: str = "explicit", lm_head: DraftLMHead | None = None,
-                 switch: LinearSwitch | None = None) -> None:
+                 switch: LinearSwitch | None = None, draft_step: StaticStep | None = None) -> None:
         """
         Args:
             model: the target (a stock HF causal LM); the draft is this model with ``skip``.
@@ -140,6 +141,9 @@ class SelfSpecDrafter(LearnedState):
             source: where the skip set came from (a skip config path or ``explicit``).
             lm_head: a reduced draft LM head (None: the model's own).
             switch: other kernels for the draft passes (int8 weights), or None.
+            draft_step: the compiled one-token step the draft passes run through under ``switch``
+                (the ``compiled`` backend with an int8 draft of the whole model and its own LM
+                head: :func:`compiled_draft_step`), or None: they run eagerly.
         """
         self.model = model
         self.skip = skip
@@ -150,6 +154,15 @@ class SelfSpecDrafter(LearnedState):
         self.device = next(model.parameters()).device
         self.lm_head = lm_head
         self.switch = switch
+        self.draft_step = draft_step
+
+    def warm_up(self, capacity: int) -> float:
+        """Compile (or load the saved) draft step for a ``capacity``-position cache now, not
+        mid-request; seconds it took (0 without a draft step)."""
+        if self.draft_step is None or self.switch is None:
+            return 0.0
+        with self.switch.active():
+            return self.draft_step.warm_up(capacity, (1,), False)
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.sizer.gamma.new_prompt()
@@ -170,7 +183,11 @@ class SelfSpecDrafter(LearnedState):
         try:
             with skip_sublayers(self.model, self.skip), (self.switch.active() if self.switch else nullcontext()):
                 for i in range(k):
-                    logits = full(draft_forward(self.model, state.cache, [x], base + i, lm_head=self.lm_head)[-1])
+                    if self.draft_step is not None:  # compiled, on the target's static cache after the prefix
+                        logits = self.draft_step.forward(state.cache, torch.tensor([x]), torch.tensor([base + i]), None,
+                                                         False, base=base + i).logits[-1]
+                    else:
+                        logits = full(draft_forward(self.model, state.cache, [x], base + i, lm_head=self.lm_head)[-1])
                     if det:
                         probs = state.scores(logits, state.draft_index(i + 1)).softmax(-1)
                         x = int(probs.argmax())
@@ -276,35 +293,78 @@ def measure_draft_ratio(model: torch.nn.Module, skip: SkipSet, lm_head: DraftLMH
     return sorted(ratios)[len(ratios) // 2]
 
 
+@torch.no_grad()
+def measure_step_ratio(step: StaticStep, draft_step: StaticStep, switch: LinearSwitch, context: int = 64,
+                       reps: int = 5) -> float:
+    """:func:`measure_draft_ratio` on the ``compiled`` backend: median time of the draft step's
+    one-token forward (under ``switch``) over the verify step's, interleaved on one static cache
+    after a ``context``-token prefix (both steps compiled or loaded beforehand)."""
+    device = next(step.model.parameters()).device
+    cache = step.take_cache(MIN_CAPACITY)
+    ids, pos = torch.tensor([1]), torch.tensor([context])
+    ratios = []
+    with torch.inference_mode():
+        step.prefill(cache, torch.arange(1, context + 1), False)
+        for _ in range(reps):
+            with Stopwatch(device) as full:
+                step.forward(cache, ids, pos, None, False, base=context)
+            with switch.active(), Stopwatch(device) as draft:
+                draft_step.forward(cache, ids, pos, None, False, base=context)
+            ratios.append(draft.seconds / max(full.seconds, 1e-9))
+    step.give_back(cache)
+    return sorted(ratios)[len(ratios) // 2]
+
+
 def cached_draft_ratio(target, skip: SkipSet, lm_head: DraftLMHead | None, switch: LinearSwitch | None,
-                       vocab: int, kernels: str) -> float:
-    """:func:`measure_draft_ratio`, measured once per model, backend, machine and draft and then
-    read from the profiles cache, so the budget's starting point (and with it the draft lengths
-    under rejection sampling) does not depend on the clock of each load."""
+                       vocab: int, kernels: str, draft_step: StaticStep | None = None) -> float:
+    """:func:`measure_draft_ratio` (:func:`measure_step_ratio` with a compiled draft step),
+    measured once per model, backend, machine and draft and then read from the profiles cache, so
+    the budget's starting point (and with it the draft lengths under rejection sampling) does not
+    depend on the clock of each load."""
 
-    from ..core.cost import profile_key, profile_path, read_cache, save_cache
+    from ..core.cost import profile_path, read_cache, save_cache
 
-    key = (profile_key(target.model, target.name, target.backend)
-           + f"|self-spec-draft|{sorted(skip.attention)}|{sorted(skip.mlp)}|{vocab}|{kernels}")
+    key = (target.cost_key + f"|self-spec-draft|{sorted(skip.attention)}|{sorted(skip.mlp)}|{vocab}|{kernels}"
+           + ("|compiled-draft" if draft_step is not None else ""))
     cached = read_cache(profile_path(key), lambda d: float(d["ratio"]) if d["key"] == key else 0.0)
     if cached is not None and cached > 0:
         return cached
-    ratio = measure_draft_ratio(target.model, skip, lm_head, switch)
+    if draft_step is not None and switch is not None and target.step is not None:
+        ratio = measure_step_ratio(target.step, draft_step, switch)
+    else:
+        ratio = measure_draft_ratio(target.model, skip, lm_head, switch)
     save_cache(key, {"key": key, "ratio": ratio}, "self-spec draft cost")
     return ratio
+
+
+def compiled_draft_step(target, skip: SkipSet, lm_head: DraftLMHead | None,
+                        switch: LinearSwitch | None) -> StaticStep | None:
+    """The one-token step the draft passes compile to on the ``compiled`` backend (CPU): an int8
+    draft of the whole model (nothing skipped) with its own LM head, whose layers get the few-row
+    layout of their int8 weights (:meth:`~selfspec.kernels.switch.LinearSwitch.add_layout`). The
+    step is the stock forward compiled under the switch, saved and loaded like the verify steps
+    (its file's name differs by the int8 layer classes). None where the draft stays eager."""
+    step = target.step
+    if (step is None or switch is None or lm_head is not None or skip.size or target.device.type != "cpu"
+            or not switch.add_layout()):
+        return None
+    return StaticStep(target.model, compile=step.compile)
 
 
 def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:
     skip, gamma, source, priors, vocab, kernels = resolve_skip(target, cfg)
     budget = chain_budget(target, cfg.auto_k, gamma.max_draft)
     lm_head, switch = draft_parts(target, vocab, kernels)
+    draft_step = compiled_draft_step(target, skip, lm_head, switch)
+    drafter = SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
+                              source, lm_head, switch, draft_step)
+    drafter.warm_up(MIN_CAPACITY)  # a compiled draft step: compiled or loaded now, not mid-request
     if priors is not None and budget.profile is not None:  # start from what the search measured
         cost = priors[1]
         if lm_head is not None or switch is not None:  # the draft runs otherwise than it was searched
-            cost = cached_draft_ratio(target, skip, lm_head, switch, vocab, kernels)
+            cost = cached_draft_ratio(target, skip, lm_head, switch, vocab, kernels, draft_step)
         budget.set_prior(priors[0], cost * budget.profile.t1)
-    return SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
-                           source, lm_head, switch)
+    return drafter
 
 
 def _has_skip_config(name: str, target, ctx: AutoContext) -> dict | None:

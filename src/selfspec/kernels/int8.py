@@ -26,6 +26,10 @@ import torch
 from torch import nn
 
 from ..errors import SelfspecError
+from .gemv import LAYOUT as layout_version
+from .gemv import blocked as blocked_layout
+from .gemv import gemv as few_row_product
+from .gemv import takes as layout_takes
 from .rowwise_attention import NAME as ROWWISE_ATTENTION
 from .swap import KernelState, SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
@@ -241,7 +245,42 @@ class Int8Matmul:
         return y if self.bias is None else y.add_(self.bias)
 
 
-class Int8Linear(SwappedLinear):
+DRAFT_LAYOUT = "int8-weight-only-" + layout_version
+"""The version of the compiled int8 draft's product (:class:`CompiledInt8Path`), part of the compiled
+step's code version (``aot_step.code_version``): ``auto``'s cached choice is measured again when it
+changes, since self-spec on ``compiled`` drafts through it."""
+
+
+class CompiledInt8Path:
+    """What an int8 layer runs inside a compiled graph (the ``compiled`` backend's int8 draft step,
+    :meth:`~selfspec.kernels.switch.LinearSwitch.add_layout`): its weights, quantised as
+    :class:`Int8Matmul` quantises them, in the few-row layout (``blocked``, int8 ``[N / B, K, B]``,
+    and ``row_scale[N]``), multiplied by the fp32 activations (weight-only: the eager layer also
+    rounds activations to 8 bits). Drafts need not be exact: verification never runs these."""
+
+    blocked: torch.Tensor | None = None
+    row_scale: torch.Tensor | None = None
+
+    def add_layout(self) -> bool:
+        """Build the layout from the fp32 original; False where its rows do not fill blocks."""
+        w = original_of(self).weight.detach().float()
+        q, scale = quantize_rows(w)
+        self.blocked = blocked_layout(q)
+        self.row_scale = scale.reshape(-1)
+        return self.blocked is not None
+
+    def compiled_product(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``x[..., in] -> [..., out]`` on the layout when traced by ``torch.compile`` for a block the
+        layout takes, else None (the caller runs its eager kernel)."""
+        x2, lead = flatten(x)
+        if self.blocked is None or not torch.compiler.is_compiling() or not layout_takes(x2.shape[0]):
+            return None
+        bias = original_of(self).bias
+        y = few_row_product(x2.float(), self.blocked, None if bias is None else bias.float(), self.row_scale)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+
+class Int8Linear(SwappedLinear, CompiledInt8Path):
     """One linear layer on :class:`Int8Matmul`. Shapes: ``x[..., in] -> [..., out]`` in ``x``'s dtype."""
 
     backend = "int8"
@@ -251,6 +290,9 @@ class Int8Linear(SwappedLinear):
         self.matmul = Int8Matmul(original.weight, original.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.compiled_product(x)
+        if y is not None:
+            return y
         x2, lead = flatten(x)
         return self.matmul(x2).to(x.dtype).reshape(*lead, self.out_features)
 
@@ -289,8 +331,9 @@ class Int8Group:
         return out
 
 
-class Int8GroupMember(SwappedLinear):
-    """One sibling of an :class:`Int8Group`. Shapes: ``x[..., in] -> [..., out]``."""
+class Int8GroupMember(SwappedLinear, CompiledInt8Path):
+    """One sibling of an :class:`Int8Group`. Shapes: ``x[..., in] -> [..., out]``. In a compiled
+    graph each member runs its own product (the group's shared output is Python state)."""
 
     backend = "int8"
 
@@ -299,7 +342,8 @@ class Int8GroupMember(SwappedLinear):
         self.group, self.index = group, index
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.group.output(x, self.index)
+        y = self.compiled_product(x)
+        return y if y is not None else self.group.output(x, self.index)
 
 
 def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> None:
