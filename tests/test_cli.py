@@ -457,6 +457,31 @@ def test_compile_list_runs_no_step_and_lists_every_block_each_method_verifies(ca
     assert shapes == [f"{b}x512" for b in (1, 2, 4, 8, 16, 32, 64, 128)], out
 
 
+@pytest.mark.matrix  # compiles steps: with the compiled backend's heavier tests
+def test_compile_saves_self_specs_int8_draft_step(capsys, tiny_dir):
+    """With a skip config whose draft is the whole model in int8, ``selfspec compile`` also saves
+    self-spec's draft step (a one-token step over the int8 layers, a file of its own beside the
+    verify step of the same shape); a draft on the verify kernels has none."""
+    from pathlib import Path
+
+    from selfspec.drafters.skip_config import SkipConfig, config_hash, user_config_path
+    from selfspec.models.compiled_step import compile_cache_dir
+    from selfspec.models.loading import load_model
+
+    target = load_model(str(tiny_dir))
+    path = user_config_path(target.name)
+    SkipConfig(model=target.name, config_hash=config_hash(target.model), num_layers=3, skip_attention=(),
+               skip_mlp=(), draft_kernels="int8").save(path)
+    try:
+        code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "self-spec")
+        assert code == 0 and "self-spec (draft_kernels=int8): draft step saved" in out, out
+        assert "draft_kernels=same" not in out
+        steps = list((Path(compile_cache_dir()) / "aot").glob("step-1x512-*.bin"))
+        assert len(steps) >= 2  # the verify step and the draft step of one-token blocks
+    finally:
+        path.unlink()
+
+
 @pytest.mark.matrix  # compiles a step (half a minute): with the compiled backend's heavier tests
 def test_compile_saves_the_steps_auto_may_then_time(capsys, tiny_dir, tmp_path, monkeypatch):
     """``selfspec compile`` compiles and saves the steps of the methods named (a second run and

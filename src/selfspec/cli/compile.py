@@ -40,15 +40,18 @@ def add_parser(sub) -> None:
     pr.set_defaults(func=run, device="cpu")
 
 
-def _methods(args: argparse.Namespace, target) -> dict[str, dict]:
-    """The methods to compile for, with the options they run with (``auto``'s, where it tries them)."""
+def _methods(args: argparse.Namespace, target) -> dict[str, list[dict]]:
+    """The methods to compile for, each with the options it runs with (every set ``auto`` tries, e.g.
+    self-spec's draft precisions; else its defaults)."""
     from .. import autoselect
     from ..drafters.spec import AutoContext
     from ..registry import BASELINE, METHODS
 
-    auto = {c.method: c.options for c in autoselect.candidates(target, METHODS.values(), ["compiled"], AutoContext())}
+    auto: dict[str, list[dict]] = {}
+    for c in autoselect.candidates(target, METHODS.values(), ["compiled"], AutoContext()):
+        auto.setdefault(c.method, []).append(dict(c.options))
     names = _names(args)
-    return {BASELINE: {}, **auto} if names is None else {m: auto.get(m, {}) for m in names}
+    return {BASELINE: [{}], **auto} if names is None else {m: auto.get(m, [{}]) for m in names}
 
 
 def _names(args: argparse.Namespace) -> list[str] | None:
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     while caps[-1] < capacity_for(args.max_tokens):
         caps.append(caps[-1] * 2)
     methods = _methods(args, target)
-    hidden_of, skipped = {}, []
+    hidden_of, skipped, drafting = {}, [], []
     # each method's drafter, built on the eager stock layers: whether it verifies with hidden states, and
     # that its artefacts are here. On the compiled backend a build would time the step for its cost profile,
     # compiling each block size outside the progress below (and under --list, which compiles nothing)
@@ -97,10 +100,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         for method, options in methods.items():
             try:
-                g = build(target, method, options, args.trust_remote_code, sizes=())
+                g = build(target, method, options[0], args.trust_remote_code, sizes=())
                 hidden_of[method] = g.drafter.needs_hidden
             except SelfspecError as e:
                 skipped.append(f"{method} ({e})")
+                continue
+            if getattr(g.drafter, "warm_up", None) is not None:  # may draft through a compiled step of its own
+                drafting += [(method, o) for o in options]
     finally:
         target.use_kernels("compiled", keep=True)
     step = target.step
@@ -117,11 +123,12 @@ def run(args: argparse.Namespace) -> int:
     shapes = ", ".join(f"{t}x{c}" + ("+hidden" if h else "") for t, c, h in todo) or "none"
     print(f"{target.name}: steps saved for {', '.join(ready) or 'no method'}; {len(todo)} to compile ({shapes}; "
           "block x cache)")
-    if args.list or not todo:
+    if args.list:
         return 0
-    print("each takes most of a minute on a small CPU (once per machine and thread count); an interrupted run "
-          "keeps what it compiled")
     t0 = time.perf_counter()
+    if todo:
+        print("each takes most of a minute on a small CPU (once per machine and thread count); an interrupted run "
+              "keeps what it compiled")
     for i, (size, cap, hidden) in enumerate(sorted(todo), 1):
         step.warm_up(cap, (size,), hidden)
         spent = time.perf_counter() - t0
@@ -129,6 +136,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(todo)}] {size}-token blocks, {cap}-position cache{', hidden states' if hidden else ''}: "
               f"saved ({spent:.0f} s so far{f', about {left / 60:.0f} min left' if i < len(todo) else ''})",
               flush=True)
-    print(f"done in {time.perf_counter() - t0:.0f} s; auto now times the compiled kernels too "
-          f"(its cached choice is measured again on the next run)")
+    for method, options in drafting:  # drafts through a step of their own (self-spec's int8 draft): built here
+        g = build(target, method, options, args.trust_remote_code, sizes=())  # compiles (or loads) it at MIN_CAPACITY
+        if g.drafter.warm_up(MIN_CAPACITY) == 0.0:
+            continue  # no step of its own: this draft runs eagerly
+        for c in caps[1:]:
+            g.drafter.warm_up(c)
+        label = ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
+        print(f"{method} ({label}): draft step saved ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+    if todo:
+        print(f"done in {time.perf_counter() - t0:.0f} s; auto now times the compiled kernels too "
+              f"(its cached choice is measured again on the next run)")
     return 0
