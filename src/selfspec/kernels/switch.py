@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psutil
 from torch import nn
 
 from ..errors import SelfspecError
@@ -74,11 +75,14 @@ class LinearSwitch:
         """Give every int8 draft layer its compiled path (the few-row layout of its int8 weights, a
         quarter of the fp32 weights' memory more), so that a one-token forward compiled under
         :meth:`active` reads int8 weights in Inductor's own loop (the ``compiled`` backend's draft
-        step). True when every layer has it; False (and nothing kept) for bf16 drafts, or where a
-        layer's rows do not fill the layout's blocks."""
+        step). True when every layer has it; False (and nothing kept) for bf16 drafts, where a
+        layer's rows do not fill the layout's blocks, or where the copies would take more than a
+        third of the free memory."""
         layers = [layer for _, _, layer in self._draft]
         if self.kernels != "int8" or not all(isinstance(layer, CompiledInt8Path) for layer in layers):
             return False
+        if sum(layer.in_features * layer.out_features for layer in layers) > psutil.virtual_memory().available // 3:
+            return False  # as for the fp32 layout: no more than a third of the free memory
         if all(layer.add_layout() for layer in layers):
             self.extra_bytes += sum(layer.blocked.numel() + 4 * layer.out_features for layer in layers)
             return True
