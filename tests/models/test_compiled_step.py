@@ -155,6 +155,31 @@ def test_drafts_right_for_exactly_j_on_compiled(compiled, ar_ids, j, tree):
             assert all(c == j + 1 for c in r.committed_per_step[1:-1]), r.committed_per_step
 
 
+@torch.inference_mode()
+def test_steps_read_only_the_written_cache_positions(compiled, monkeypatch):
+    """On the compiled backend a step attends over the positions written so far, not the whole
+    capacity: NaNs in the static cache past a padded block leave its logits finite and equal to a
+    clean cache's. Negative control: attending over the whole capacity reads them."""
+    model = compiled.model
+    step = StaticStep(model, compile=False)  # the same forward and keywords, eagerly
+    prefix, block = torch.arange(20, 30), torch.tensor([7, 8, 9])  # 3 tokens, padded to 4
+
+    def run(poison: bool):
+        cache = kv_cache.new_cache(model.config, capacity=64)
+        step.prefill(cache, prefix, False)
+        if poison:
+            for layer in cache.layers:
+                layer.keys[..., len(prefix) + 4:, :] = float("nan")
+                layer.values[..., len(prefix) + 4:, :] = float("nan")
+        return step.forward(cache, block, torch.arange(10, 13), None, False).logits
+
+    clean, poisoned = run(False), run(True)
+    assert torch.isfinite(poisoned).all()
+    torch.testing.assert_close(poisoned, clean, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(compiled_step, "window_arg", lambda model, written: {})
+    assert torch.isnan(run(True)).any()
+
+
 def test_decoding_after_the_load_time_compile_compiles_nothing(tmp_path):
     """The one-token step compiled at load is the graph decoding runs: the warm-up runs under
     inference mode like the decode loop (grad mode is in Dynamo's guards; compiled outside it,

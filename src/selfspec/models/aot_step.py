@@ -37,6 +37,7 @@ import torch
 
 from ..core.machine import machine_id
 from ..kernels.gemv import LAYOUT as PRODUCT_LAYOUT
+from ..kernels.gqa_attention import WINDOW
 from ..kernels.int8 import DRAFT_LAYOUT as INT8_DRAFT_LAYOUT
 from ..kernels.onednn import SHARED_PRODUCTS_PASS, shared_products_pass
 from ..kernels.swap import linear_layers
@@ -78,6 +79,7 @@ def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[in
         "dtype": str(model.dtype),
         "device": str(next(model.parameters()).device),
         "attention": config._attn_implementation,
+        "window": WINDOW,  # the static attention's keyword, which the graph takes
         "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in layers}),
         "passes": SHARED_PRODUCTS_PASS,
         "inductor": INDUCTOR_OPTIONS,
@@ -130,12 +132,13 @@ block of SmolLM2 3.7x slower than a 1-token one (8.4 against 30.8 ms on a 2-laye
 def code_version() -> str:
     """What a CPU step's generated code depends on besides the model, its shapes and the machine:
     the graph pass, the Inductor options and the few-row layout (each also in saved steps' names),
-    and the int8 draft's product (self-spec's draft step, whose saved files the layer classes name).
+    the attention over the written positions only, and the int8 draft's product (self-spec's draft
+    step, whose saved files the layer classes name).
     ``auto``'s cached choice and the step's cost profile (``LoadedModel.cost_key``) are keyed on
     it, so a layout or option that changes the compiled step's speed (16 lanes on AVX-512, say) has
     the step timed again."""
     return json.dumps({"passes": SHARED_PRODUCTS_PASS, "inductor": INDUCTOR_OPTIONS, "layout": PRODUCT_LAYOUT,
-                       "int8_draft": INT8_DRAFT_LAYOUT}, sort_keys=True, default=str)
+                       "int8_draft": INT8_DRAFT_LAYOUT, "window": WINDOW}, sort_keys=True, default=str)
 
 
 def cpu_step_options() -> dict:

@@ -49,6 +49,7 @@ import torch
 from ..core import kv_cache
 from ..core.timing import now
 from ..errors import SelfspecError
+from ..kernels.gqa_attention import STATIC_NAME, WINDOW
 from ..paths import writable_cache_dir
 from . import aot_step
 from .adapter import BlockOutput, build_mask
@@ -136,6 +137,16 @@ def padded_mask(base: int, block_mask: torch.Tensor | None, t: int, p: int, widt
     block = torch.eye(p, dtype=torch.bool)
     block[:t, :t] = block_mask if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
     return build_mask(base, block, attn_impl, dtype, device, width)
+
+
+def window_arg(model: torch.nn.Module, written: int) -> dict[str, torch.Tensor]:
+    """The keyword that has the compiled backend's attention read only the ``written`` first
+    positions of the static cache (:func:`~selfspec.kernels.gqa_attention.windowed_sdpa`), as a
+    0-d int64 CPU tensor, where that attention runs on the CPU; else none (on CUDA the length
+    would be a device transfer per layer, and captured graphs replay fixed shapes)."""
+    if model.config._attn_implementation != STATIC_NAME or next(model.parameters()).device.type != "cpu":
+        return {}
+    return {WINDOW: torch.tensor(written, dtype=torch.long)}
 
 
 @dataclass
@@ -287,7 +298,7 @@ class StaticStep:
                            device)
         out = model(input_ids=ids.to(device)[None], position_ids=torch.arange(t, device=device)[None],
                     attention_mask=mask, **kv_cache.cache_arg(model, cache), use_cache=True,
-                    output_hidden_states=want_hidden, logits_to_keep=1)
+                    output_hidden_states=want_hidden, logits_to_keep=1, **window_arg(model, t))
         hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
         return BlockOutput(out.logits[0].float(), hidden)
 
@@ -330,7 +341,8 @@ class StaticStep:
         shape = (p, width, want_hidden)
         first = self.compile and shape not in self.compile_s
         kwargs = dict(input_ids=ids_p.to(device)[None], position_ids=pos_p.to(device)[None], attention_mask=mask,
-                      **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden)
+                      **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden,
+                      **window_arg(model, base + p))
         if first:  # the cache directory, resolved before anything compiles (Inductor reads it then)
             self._dir = compile_cache_dir()
         t0 = now(None)
