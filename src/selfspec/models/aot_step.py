@@ -121,12 +121,21 @@ def _module_named(mangled: str) -> object | None:
     return None
 
 
-INDUCTOR_OPTIONS = {"realize_reads_threshold": 1}
-"""Inductor settings of the CPU step (saved steps' names include them). A value computed by cheap
-arithmetic (an RMSNorm's output, say) is stored once when more than one loop reads it, instead of
-recomputed inside each: the products of a few-row block (:mod:`~selfspec.kernels.gemv`) read each
-row of their input once per weight block, and recomputing a normalised row there made a 4-token
-block of SmolLM2 3.7x slower than a 1-token one (8.4 against 30.8 ms on a 2-layer cut, AVX2)."""
+INDUCTOR_OPTIONS = {"realize_reads_threshold": 1, "size_asserts": False}
+"""Inductor settings of the CPU step (saved steps' names include them).
+
+- ``realize_reads_threshold``: a value computed by cheap arithmetic (an RMSNorm's output, say) is
+  stored once when more than one loop reads it, instead of recomputed inside each: the products of a
+  few-row block (:mod:`~selfspec.kernels.gemv`) read each row of their input once per weight block,
+  and recomputing a normalised row there made a 4-token block of SmolLM2 3.7x slower than a 1-token
+  one (8.4 against 30.8 ms on a 2-layer cut, AVX2).
+- ``size_asserts`` off: the generated wrapper checked the size and strides of every input at every
+  call (about 600 checks a step on SmolLM2: the weights are inputs), 5-7% of a one-token step and
+  4-6% of an 8-token one on AVX-512 (``docs/performance.md``, "Attention over the written
+  positions"). The step's inputs cannot differ from those it was compiled for: each saved step is
+  one padded block on one cache capacity (both in its name), its inputs are built by
+  :class:`~selfspec.models.compiled_step.StaticStep` at exactly that shape, and the weights and
+  static caches keep their layout for the model's life."""
 
 
 def code_version() -> str:
