@@ -13,8 +13,9 @@ only the cache's written positions. The step passes their count as a tensor (key
 custom op (:func:`windowed_sdpa`) that slices the cache and the mask to it at run time: the
 compiled graph keeps its static shapes, and a step's attention costs what its context needs, not
 what the capacity holds. On SmolLM2 (AVX-512, 2 threads, 60 positions written) a 512-position
-cache's 8-token step took 0.92x the full-width time, and a 2048-position cache's 0.64x (1.32x
-faster one-token steps there): requests of up to 1,920 tokens share a 2048-position cache.
+cache's 8-token step took 0.90x the full-width time, and on a 2048-position cache (requests of
+897-1,920 tokens) the one-token and 8-token steps took 0.64x and 0.62x
+(``experiments/windowed_attention.py``).
 
 Registered with ``transformers.AttentionInterface`` under :data:`NAME` and :data:`STATIC_NAME`
 (no mask function: the model passes ``attention_mask=None`` for plain causal blocks and our 4-D
