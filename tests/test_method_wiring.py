@@ -254,6 +254,31 @@ def test_every_drafter_declares_its_request_state_and_sizer():
         assert "sizer" in vars(c) or "self.sizer =" in init, c
 
 
+def test_a_draft_through_a_compiled_step_of_its_own_is_declared_where_it_is_built():
+    """``selfspec compile`` and the bench's warm-up build a drafter's own compiled steps through the
+    protocol's ``warm_up`` (``DrafterBase``'s does nothing) for the methods whose registry line says
+    ``draft_step``: the drafter classes that override ``warm_up`` are exactly those of a module whose
+    spec declares it (self-spec's int8 draft), and every drafter class has the base."""
+    import importlib
+    import inspect
+
+    from selfspec.decoding.protocol import DrafterBase
+
+    overriding, declared = set(), set()
+    for spec in registry.METHODS.values():
+        module = importlib.import_module(spec.make.__module__)
+        classes = [c for _, c in inspect.getmembers(module, inspect.isclass)
+                   if c.__module__ == module.__name__ and hasattr(c, "propose")]
+        for c in classes:
+            assert issubclass(c, DrafterBase), c
+            if c.warm_up is not DrafterBase.warm_up:
+                overriding.add(module.__name__)
+        if spec.draft_step:
+            declared.add(module.__name__)
+    assert declared == overriding == {"selfspec.drafters.self_spec"}
+    assert DrafterBase().warm_up(512) == 0.0
+
+
 def test_every_module_of_the_package_is_under_400_lines():
     """Files doing one job each (issue 33): a module past 400 lines is split by job, not grown."""
     src = Path(selfspec.__file__).parent

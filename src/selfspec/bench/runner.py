@@ -256,9 +256,7 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
             choice = getattr(g, "auto_choice", None)  # auto's label names more than the method
             sizes = compiled_blocks(choice.candidate.method if choice is not None else g.method)
             s = sum(g.target.step.warm_up(c, sizes, g.drafter.needs_hidden) for c in capacities)
-            draft_warm_up = getattr(g.drafter, "warm_up", None)  # a draft that runs a compiled step of its own
-            if draft_warm_up is not None:
-                s += sum(draft_warm_up(c) for c in capacities)
+            s += sum(g.drafter.warm_up(c) for c in capacities)  # a draft through a compiled step of its own
             print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} "
                   f"({', '.join(map(str, capacities))}-position caches) in {s:.0f} s", file=sys.stderr)
     b.target.use_kernels("stock", keep=True)  # peers run the model as transformers loads it (fp32, stock)

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models import aot_step
     from ..models.compiled_step import MIN_CAPACITY, capacity_for, compile_cache_dir
     from ..models.loading import load_model
-    from ..registry import compiled_blocks
+    from ..registry import METHODS, compiled_blocks
 
     setup(args)
     if args.max_tokens < 1:
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             except SelfspecError as e:
                 skipped.append(f"{method} ({e})")
                 continue
-            if getattr(g.drafter, "warm_up", None) is not None:  # may draft through a compiled step of its own
+            if METHODS[method].draft_step:  # may draft through a compiled step of its own
                 drafting += [(method, o) for o in options]
     finally:
         target.use_kernels("compiled", keep=True)

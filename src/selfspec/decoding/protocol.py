@@ -79,6 +79,18 @@ class LearnedState:
             setattr(self, k, copy.deepcopy(v))
 
 
+class DrafterBase(LearnedState):
+    """What every drafter shares: :class:`LearnedState`'s snapshot and restore, and no compiled
+    step of its own (:meth:`warm_up` does nothing). A drafter that drafts through a compiled step
+    (``self-spec``'s int8 draft on the ``compiled`` backend) overrides :meth:`warm_up`, and its
+    registry line says so (:attr:`~selfspec.drafters.spec.MethodSpec.draft_step`)."""
+
+    def warm_up(self, capacity: int) -> float:
+        """Compile (or load the saved) steps this drafter drafts through, for a ``capacity``-position
+        static cache, now rather than mid-request; the seconds it took. None here: 0.0."""
+        return 0.0
+
+
 class Sizer(Protocol):
     """How much a drafter drafts: the policy (acceptance estimators, confidence calibration,
     back-off and probes over a cost profile) that the drafter consults while it proposes, and
@@ -131,3 +143,7 @@ class Drafter(Protocol):
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         """Called after the accepted tokens were committed to ``state``."""
+
+    def warm_up(self, capacity: int) -> float:
+        """Compile (or load) the compiled steps the drafter drafts through, for a ``capacity``-position
+        static cache; the seconds it took (0.0 for a drafter without any: :class:`DrafterBase`)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Proposal
+from ..decoding.protocol import DrafterBase, Proposal
 from .spec import ALWAYS, BuildContext, MethodSpec
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class NoOptions:
     """``ar`` takes no options."""
 
 
-class NullDrafter(LearnedState):
+class NullDrafter(DrafterBase):
     """Proposes nothing: each step verifies only the pending token, i.e. plain decoding."""
 
     name = "ar"

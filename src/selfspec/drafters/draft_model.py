@@ -16,7 +16,7 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Proposal
+from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import ChainBudget, ChainDraft
@@ -68,7 +68,7 @@ def _to_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.nn.functional.pad(logits, (0, vocab - logits.numel()), value=float("-inf"))
 
 
-class DraftModelDrafter(LearnedState):
+class DraftModelDrafter(DrafterBase):
     name = "draft-model"
     lossless = True
     needs_hidden = False

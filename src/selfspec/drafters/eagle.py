@@ -40,7 +40,7 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Proposal
+from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import target_features
@@ -155,12 +155,12 @@ def best_size(path_probs: torch.Tensor, draft_s: float, profile: CostProfile | N
     return best_n if rate > PLAIN_RATE / (draft_s + profile.t1) else 0
 
 
-class EagleDrafter(LearnedState):
+class EagleDrafter(DrafterBase):
     """EAGLE-2 dynamic-tree drafting with a one-layer head (see module docstring)."""
 
     lossless = True
     needs_hidden = True
-    request_state = ("length", "sizer")  # adapts across requests (LearnedState)
+    request_state = ("length", "sizer")  # adapts across requests (DrafterBase)
 
     def __init__(self, name: str, target: torch.nn.Module, head: EagleHead, cfg: EagleConfig,
                  profile: CostProfile | None, source: str = "", lm_head: DraftLMHead | None = None) -> None:

@@ -21,7 +21,7 @@ import torch
 from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Proposal
+from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import ChainBudget
 from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
@@ -42,7 +42,7 @@ class JacobiConfig:
         need(self, "jacobi", "m", self.m >= 1, ">= 1")
 
 
-class JacobiDrafter(LearnedState):
+class JacobiDrafter(DrafterBase):
     """Guesses ``d_1..d_m`` refined by the model's own predictions each step."""
 
     name = "jacobi"

@@ -36,7 +36,7 @@ from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Proposal
+from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, StepTime, VerifyOutput
 from .backoff import ProbeSchedule
 from .budget import best_rate, expected_tokens
@@ -197,7 +197,7 @@ def build_tree(pending: int, nodes: list[int], template, cand: list[list[int]]) 
     return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long)), index
 
 
-class MsnDrafter(LearnedState):
+class MsnDrafter(DrafterBase):
     """TR-Jacobi: template tree of last step's top-k predictions + retrieval chain."""
 
     name = "msn"

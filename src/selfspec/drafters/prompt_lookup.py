@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Proposal
+from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import ChainBudget
 from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
@@ -51,7 +51,7 @@ def lookup(ids: list[int], max_ngram: int, min_ngram: int, k: int) -> list[int]:
     return []
 
 
-class PromptLookupDrafter(LearnedState):
+class PromptLookupDrafter(DrafterBase):
     name = "pld"
     lossless = True
     needs_hidden = False

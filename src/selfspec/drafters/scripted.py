@@ -19,11 +19,11 @@ import torch
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Proposal
+from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 
 
-class ScriptedDrafter(LearnedState):
+class ScriptedDrafter(DrafterBase):
     name = "scripted"
     lossless = True
     needs_hidden = False

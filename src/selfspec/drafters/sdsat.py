@@ -34,7 +34,7 @@ from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Piggyback, Proposal
+from ..decoding.protocol import DrafterBase, Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import PositionalAcceptance
@@ -155,7 +155,7 @@ def sample_and_match(tree: DraftTree, target_logits: torch.Tensor, warper: Warpe
     return Verdict(best, sample(warper.probs(target_logits[best[-1]]), generator))
 
 
-class SdsatDrafter(LearnedState):
+class SdsatDrafter(DrafterBase):
     """Alternates draft steps (adaptive tokens as piggyback) and verify steps (module docstring).
 
     Args:

@@ -35,7 +35,7 @@ from ..core.attention import decode_attention
 from ..core.sampling import sample
 from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Proposal
+from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..kernels.switch import DRAFT_KERNELS, LinearSwitch
@@ -119,7 +119,7 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
     return out.logits[0].float()
 
 
-class SelfSpecDrafter(LearnedState):
+class SelfSpecDrafter(DrafterBase):
     name = "self-spec"
     lossless = True
     needs_hidden = False
@@ -376,4 +376,5 @@ def _has_skip_config(name: str, target, ctx: AutoContext) -> dict | None:
 
 SPEC = MethodSpec("self-spec", SelfSpecConfig, build, True,
                   "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)",
-                  auto=AutoCandidacy(_has_skip_config, "draft_kernels", DRAFT_KERNELS))  # bf16 where native
+                  auto=AutoCandidacy(_has_skip_config, "draft_kernels", DRAFT_KERNELS),  # bf16 where native
+                  draft_step=True)  # an int8 draft of the whole model drafts through a compiled step

@@ -34,7 +34,7 @@ from ..core.cost import CostProfile
 from ..core.mask_groups import mask_groups
 from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import LearnedState, Piggyback, Proposal
+from ..decoding.protocol import DrafterBase, Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import PositionalAcceptance
 from .estimators import PLAIN_RATE
@@ -93,7 +93,7 @@ def accept_paper(tree: DraftTree, target_logits: torch.Tensor, warper: Warper,
     return Verdict(path, sample(warper.probs(target_logits[path[-1]]), generator))
 
 
-class SpaceDrafter(LearnedState):
+class SpaceDrafter(DrafterBase):
     """Candidates from the previous step's mask group, verified while the next groups are read.
 
     Args:

@@ -113,6 +113,9 @@ class MethodSpec:
             prices up to it): the ``compiled`` backend's steps up to this block are compiled ahead
             (``selfspec compile``, the benchmark's warm-up) and must be saved for ``auto`` to time
             the method there. A larger block (a user's option) compiles when met.
+        draft_step: whether its drafter may draft through a compiled step of its own on the
+            ``compiled`` backend (``self-spec``'s int8 draft), which ``selfspec compile`` then
+            builds through :meth:`~selfspec.decoding.protocol.Drafter.warm_up`.
     """
 
     name: str
@@ -122,6 +125,7 @@ class MethodSpec:
     help: str
     auto: AutoCandidacy | None = None
     largest_block: int = 64
+    draft_step: bool = False
 
     def build(self, target: LoadedModel, cfg: object, ctx: BuildContext) -> Drafter:
         """The drafter of this method for ``target`` with options ``cfg``."""
