@@ -16,7 +16,7 @@ from .drafters import base, draft_model, eagle, jacobi, msn, prompt_lookup, sdsa
 from .drafters.base import NoOptions
 from .drafters.spec import BuildContext, MethodSpec, option
 from .errors import SelfspecError
-from .models.compiled_step import block_sizes
+from .models.compiled_step import PREFILL_BLOCK, block_sizes
 
 # auto tries its candidates in this order (ar first, the reference; msn before pld and jacobi: the cost
 # profile msn measures covers the block sizes they need, so a first calibration measures it once)
@@ -75,10 +75,11 @@ def method_config(method: str, options: dict) -> object:
 
 
 def compiled_blocks(method: str) -> tuple[int, ...]:
-    """The ``compiled`` backend's verify-block sizes ``method`` runs at its defaults (every padded
-    size up to its :attr:`~selfspec.drafters.spec.MethodSpec.largest_block`): compiled ahead by
+    """The ``compiled`` backend's block sizes ``method`` runs at its defaults (every padded size up
+    to its :attr:`~selfspec.drafters.spec.MethodSpec.largest_block`, and up to the prompt's blocks,
+    :data:`~selfspec.models.compiled_step.PREFILL_BLOCK`, for every method): compiled ahead by
     ``selfspec compile`` and the benchmark's warm-up, and saved for ``auto`` to time it there."""
-    return block_sizes(METHODS[method].largest_block)
+    return block_sizes(max(METHODS[method].largest_block, PREFILL_BLOCK))
 
 
 def draft_model_of(generator) -> object | None:

@@ -91,6 +91,36 @@ def test_padding_leaves_real_rows_and_hidden_states(model):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
 
 
+@torch.inference_mode()
+def test_the_prompt_runs_through_the_step_in_blocks(model, monkeypatch):
+    """A 150-token prompt runs as blocks of 64, 64 and 22 (padded to 32) through the step, on a new
+    cache after one eager token that allocates its layers: its last logits, every layer's hidden
+    states and the cache it leaves equal one eager forward of the whole prompt. Negative control:
+    one token changed in the first block changes the last logits (later blocks read it)."""
+    step = StaticStep(model, compile=False)
+    prompt = torch.arange(150) % VOCAB
+    blocks: list[int] = []
+    real = step.forward
+    monkeypatch.setattr(step, "forward", lambda cache, ids, *a, **kw: blocks.append(ids.numel()) or real(
+        cache, ids, *a, **kw))
+    cache, ref = (kv_cache.new_cache(model.config, capacity=256) for _ in range(2))
+    assert not kv_cache.initialised(cache)
+    out = step.prefill(cache, prompt, True)
+    assert blocks == [64, 64, 22] and kv_cache.initialised(cache) and kv_cache.cache_length(cache) == 150
+    eager = step._eager_prefill(ref, prompt, True)
+    torch.testing.assert_close(out.logits, eager.logits, atol=1e-5, rtol=1e-5)
+    assert out.logits.shape == (1, VOCAB) and len(out.hidden) == len(eager.hidden)
+    for x, y in zip(out.hidden, eager.hidden):
+        assert x.shape == (150, model.config.hidden_size)
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    for a, b in zip(cache.layers, ref.layers):
+        torch.testing.assert_close(a.keys[..., :150, :], b.keys[..., :150, :], atol=1e-5, rtol=1e-5)
+    changed = prompt.clone()
+    changed[3] = (changed[3] + 1) % VOCAB
+    other = step.prefill(kv_cache.new_cache(model.config, capacity=256), changed, False)
+    assert not torch.allclose(other.logits, out.logits, atol=1e-3)
+
+
 def test_overflowing_block_is_refused():
     model = tiny_model("llama")
     cache = kv_cache.new_cache(model.config, capacity=8)
@@ -383,7 +413,8 @@ def test_cost_sized_drafts_on_compiled_are_priced_by_the_step(tiny_dir, tmp_path
     g = selfspec.load(t, "pld", self_test=False)  # auto_k: sized from the profile
     prof = g.drafter.sizer.profile
     assert prof is not None and prof.key == t.cost_key and "compiled+step" in prof.key
-    assert {q for q, _ in blocks} == set(prof.qs) and not any(h for _, h in blocks)
+    prompt_blocks = {compiled_step.PREFILL_BLOCK}  # the profile's 256-token context, in blocks of 64
+    assert {q for q, _ in blocks} == set(prof.qs) | prompt_blocks and not any(h for _, h in blocks)
     blocks.clear()
     assert selfspec.load(base, "pld", self_test=False).drafter.sizer.profile.key == base.cost_key
     assert blocks == []
@@ -418,4 +449,4 @@ def test_every_block_a_method_prices_is_compiled_ahead(tiny_dir, tmp_path, monke
     for name, padded in built.items():
         assert padded <= set(compiled_blocks(name)), (name, padded)
     assert 128 in built["msn"] and 128 not in compiled_step.block_sizes(64)
-    assert compiled_blocks("ar") == (1,)
+    assert compiled_blocks("ar") == (1, 2, 4, 8, 16, 32, 64)  # the prompt's blocks

@@ -118,6 +118,12 @@ def capacity(cache: DynamicCache | StaticCache) -> int | None:
     return cache.layers[0].max_cache_len if is_static(cache) else None
 
 
+def initialised(cache: StaticCache) -> bool:
+    """Whether every layer of a static cache holds its tensors (they are allocated on a layer's
+    first write, which a compiled step cannot do); False where transformers does not say."""
+    return all(getattr(layer, "is_initialized", False) for layer in cache.layers)
+
+
 def set_length(cache: StaticCache, length: int) -> None:
     """Make a static cache hold ``length`` positions: the next block is written at ``length``.
 
