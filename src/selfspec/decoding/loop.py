@@ -35,7 +35,7 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
     now = state.clock
     t0 = now(None)
     prompt = torch.tensor(state.ids, dtype=torch.long)
-    if state.step is not None:  # the compiled backend's static cache (the prompt runs eagerly)
+    if state.step is not None:  # the compiled backend's static cache (the prompt in blocks through its step)
         block = state.step.prefill(state.cache, prompt, drafter.needs_hidden)
         logits, hidden = block.logits[-1], block.hidden
     else:
