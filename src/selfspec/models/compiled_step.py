@@ -288,7 +288,10 @@ class StaticStep:
         the prompt costs a few compiled steps instead of an eager forward. On SmolLM2 (AVX-512, 2
         threads) an eager forward took 49-98 ms for prompts of 8-60 tokens, the padded step 21-59 ms.
         A new cache's layers allocate their tensors on their first write, which a compiled step
-        cannot do: such a cache first runs one eager token (written again by the first block).
+        cannot do, and a step compiles only after an eager forward as it runs (with hidden states
+        when it returns them: transformers sets up their recording on the first such call, which a
+        trace cannot hold): such a cache, or a prompt whose blocks were not run in this process yet,
+        first runs one eager token (written again by the first block).
 
         Args:
             cache: an empty static cache.
@@ -299,11 +302,12 @@ class StaticStep:
             logits ``[1, V]`` of the last prompt token, and the hidden states when asked.
         """
         t = ids.numel()
-        last = (t - 1) // PREFILL_BLOCK * PREFILL_BLOCK
-        if last + bucket(t - last) > kv_cache.capacity(cache):  # the padded blocks would not fit (tiny caches)
+        width, last = kv_cache.capacity(cache), (t - 1) // PREFILL_BLOCK * PREFILL_BLOCK
+        if last + bucket(t - last) > width:  # the padded blocks would not fit (tests' tiny caches)
             return self._eager_prefill(cache, ids, want_hidden)
-        if not kv_cache.initialised(cache):
-            self._eager_prefill(cache, ids[:1], False)
+        shapes = {(bucket(min(PREFILL_BLOCK, t - i)), width, want_hidden) for i in range(0, t, PREFILL_BLOCK)}
+        if not kv_cache.initialised(cache) or (self.compile and not shapes <= self.compiled):
+            self._eager_prefill(cache, ids[:1], want_hidden)  # what a step compiles after (see warm_up)
         blocks = [self.forward(cache, ids[i:i + PREFILL_BLOCK], torch.arange(i, min(t, i + PREFILL_BLOCK)), None,
                                want_hidden, base=i) for i in range(0, t, PREFILL_BLOCK)]
         hidden = None
