@@ -160,7 +160,7 @@ class EagleDrafter(DrafterBase):
 
     lossless = True
     needs_hidden = True
-    request_state = ("length", "sizer")  # adapts across requests (DrafterBase)
+    request_state = ("length", "sizer")  # adapts across requests (LearnedState)
 
     def __init__(self, name: str, target: torch.nn.Module, head: EagleHead, cfg: EagleConfig,
                  profile: CostProfile | None, source: str = "", lm_head: DraftLMHead | None = None) -> None:

@@ -64,11 +64,11 @@ step attends over the whole capacity: on SmolLM2 (AVX2, 2 threads) a 1-token ste
 512 positions and 74 ms at 1024, against 86 ms eager on a growing cache."""
 INDUCTOR_DIR = "TORCHINDUCTOR_CACHE_DIR"
 HEADROOM = BUCKETS[-1]
+"""Positions kept free after the request's last token: a padded verify block, or a self-drafted
+chain, is written past the committed length."""
 PREFILL_BLOCK = 64
 """The prompt runs through the step in blocks of this many tokens (:meth:`StaticStep.prefill`):
 the largest verify block of every method but ``msn``, so its steps are saved for all of them."""
-"""Positions kept free after the request's last token: a padded verify block, or a self-drafted
-chain, is written past the committed length."""
 
 
 def bucket(t: int) -> int:
@@ -301,15 +301,16 @@ class StaticStep:
         Returns:
             logits ``[1, V]`` of the last prompt token, and the hidden states when asked.
         """
-        t = ids.numel()
-        width, last = kv_cache.capacity(cache), (t - 1) // PREFILL_BLOCK * PREFILL_BLOCK
-        if last + bucket(t - last) > width:  # the padded blocks would not fit (tests' tiny caches)
+        t, width = ids.numel(), kv_cache.capacity(cache)
+        starts = range(0, t, PREFILL_BLOCK)
+        ends = [min(t, i + PREFILL_BLOCK) for i in starts]
+        if starts[-1] + bucket(ends[-1] - starts[-1]) > width:  # the padded blocks would not fit (tiny caches)
             return self._eager_prefill(cache, ids, want_hidden)
-        shapes = {(bucket(min(PREFILL_BLOCK, t - i)), width, want_hidden) for i in range(0, t, PREFILL_BLOCK)}
+        shapes = {(bucket(e - i), width, want_hidden) for i, e in zip(starts, ends)}
         if not kv_cache.initialised(cache) or (self.compile and not shapes <= self.compiled):
             self._eager_prefill(cache, ids[:1], want_hidden)  # what a step compiles after (see warm_up)
-        blocks = [self.forward(cache, ids[i:i + PREFILL_BLOCK], torch.arange(i, min(t, i + PREFILL_BLOCK)), None,
-                               want_hidden, base=i) for i in range(0, t, PREFILL_BLOCK)]
+        blocks = [self.forward(cache, ids[i:e], torch.arange(i, e), None, want_hidden, base=i)
+                  for i, e in zip(starts, ends)]
         hidden = None
         if want_hidden:
             per_layer = zip(*(b.hidden for b in blocks))
@@ -317,8 +318,9 @@ class StaticStep:
         return BlockOutput(blocks[-1].logits[-1:], hidden)
 
     def _eager_prefill(self, cache, ids: torch.Tensor, want_hidden: bool) -> BlockOutput:
-        """``ids[P]`` as the cache's first positions, one eager forward through the explicit mask;
-        logits ``[1, V]`` of the last token (and hidden states ``[P, H]`` when asked)."""
+        """``ids[P]`` as the empty cache's first positions (its layers count them), one eager forward
+        through the explicit mask; logits ``[1, V]`` of the last token (and hidden states ``[P, H]``
+        when asked)."""
         model = self.model
         device = next(model.parameters()).device
         t = ids.numel()
@@ -327,7 +329,6 @@ class StaticStep:
         out = model(input_ids=ids.to(device)[None], position_ids=torch.arange(t, device=device)[None],
                     attention_mask=mask, **kv_cache.cache_arg(model, cache), use_cache=True,
                     output_hidden_states=want_hidden, logits_to_keep=1, **window_arg(model, t))
-        kv_cache.set_length(cache, t)
         hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
         return BlockOutput(out.logits[0].float(), hidden)
 
