@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -29,6 +30,9 @@ from .llamacpp import LLAMA_PEERS, LlamaCppPeer, PeerFailure, expand_peers, mode
 from .options import BenchOptions, add_bench_args, entry_name
 from .peers import PEERS, run_peer
 from .provenance import Provenance, check_resumable, package_version, source_revision
+
+if TYPE_CHECKING:
+    from ..generator import Generator
 
 __all__ = ["BenchOptions", "BenchRun", "add_bench_args", "entry_name", "parse_method", "plan", "run"]
 
@@ -104,7 +108,7 @@ class BenchRun:
     done: dict[tuple, dict]
     gguf: str | None = None
     target: object = None
-    generators: dict = field(default_factory=dict)
+    generators: dict[str, Generator] = field(default_factory=dict)
     backend_of: dict[str, str] = field(default_factory=dict)
     options_of: dict[str, dict] = field(default_factory=dict)
     backends: list[str] = field(default_factory=list)
@@ -253,7 +257,7 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
         if g.target.step is not None:  # compiled: every block size a method proposes compiled before timing,
             if capacities is None:  # for the cache size of every prompt
                 capacities = sorted({capacity_for(len(b.prompt_ids(p)) + args.max_new_tokens) for p in b.prompts})
-            choice = getattr(g, "auto_choice", None)  # auto's label names more than the method
+            choice = g.auto_choice  # auto's label names more than the method
             sizes = compiled_blocks(choice.candidate.method if choice is not None else g.method)
             s = sum(g.target.step.warm_up(c, sizes, g.drafter.needs_hidden) for c in capacities)
             s += sum(g.drafter.warm_up(c) for c in capacities)  # a draft through a compiled step of its own

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from .common import add_gen_args, add_model_args, gen_kwargs, kernels_label, load_generator, setup, stats_line
+
+if TYPE_CHECKING:
+    from ..generator import Generator
 
 DEMO_PROMPT = (
     "Add type hints and a docstring to this function, and return the whole function:\n\n"
@@ -76,10 +80,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compiled_left_out(args: argparse.Namespace, g) -> bool:
+def _compiled_left_out(args: argparse.Namespace, g: Generator) -> bool:
     """Whether ``auto`` chose the kernels and could not time the compiled backend because none of
     its steps were saved here (where they could be: fp32 on a CPU)."""
-    choice = getattr(g, "auto_choice", None)
+    choice = g.auto_choice
     if args.kernels != "auto" or choice is None or not (choice.table or choice.pruned):
         return False
     timed = [*choice.table, *choice.pruned]

@@ -64,7 +64,7 @@ def _apply(model: nn.Module, kernels: str, keep: bool, state: KernelState | None
             # blocks of up to 8 tokens: Inductor's own reductions over a copy of the weights, 1.5x
             # faster on AVX2 (kernels/gemv.py), where a third of the free memory holds the copy
             if add_blocked(model, psutil.virtual_memory().available // 3) is None:
-                log.info("selfspec: few-token steps of the compiled backend use oneDNN's kernel (too little "
+                log.info("few-token steps of the compiled backend use oneDNN's kernel (too little "
                          "free memory for a second copy of the weights)")
         if model.config._attn_implementation == "sdpa":
             use_attention(model, STATIC_NAME, state)  # attends over the static cache without copying KV heads

@@ -135,6 +135,6 @@ def keep_int8_promise(target, probe: Callable[[torch.nn.Module], float] | None =
         raise SelfspecError(f"int8 verify rows are not bit-identical to one-token decoding on this CPU (logits differ "
                             f"by up to {worst:.3g}) and the fp32 weights were released; load the model again without "
                             "releasing them, or use --kernels stock")
-    log.warning("selfspec: int8 verify rows are not bit-identical to one-token decoding on this CPU (logits differ by "
+    log.warning("int8 verify rows are not bit-identical to one-token decoding on this CPU (logits differ by "
                 "up to %.3g): using the stock fp32 kernels instead", worst)
     return target.use_kernels("stock")

@@ -65,7 +65,7 @@ def evaluation_prompts() -> list[str]:
             for p in loader():
                 texts.extend(p.turns or (p.text,))
         except SelfspecError as e:  # offline, or a package missing: say so, the data may then hold them
-            log.warning("selfspec: %s prompts are not excluded from the training data (%s)", name,
+            log.warning("%s prompts are not excluded from the training data (%s)", name,
                         str(e).rstrip("."))
     return texts
 
