@@ -197,3 +197,26 @@ def test_switching_without_keep_reuses_the_kept_layers_then_frees_the_rest(tiny_
     t.use_kernels("stock")
     t.use_kernels("compiled")
     assert not any(a is b for a, b in zip(tried, (m for _, _, m in linear_layers(t.model))))
+
+
+def test_no_room_for_the_few_row_layout_is_said_once_per_model(tiny_dir, monkeypatch, caplog):
+    """Where free memory cannot hold the few-row copy, the compiled backend keeps oneDNN and says so
+    once for the model, not at every switch back to it (the benchmark switches once per prompt)."""
+    import logging
+    from types import SimpleNamespace
+
+    from selfspec.kernels import backends
+
+    if onednn_available(torch.device("cpu"), torch.float32) is not None:
+        pytest.skip("oneDNN cannot run here: the compiled backend keeps the stock layers")
+    monkeypatch.setattr(backends.psutil, "virtual_memory", lambda: SimpleNamespace(available=0))
+    t = load_model(str(tiny_dir))
+    with caplog.at_level(logging.INFO, logger="selfspec.kernels"):
+        for kernels in ("compiled", "stock", "compiled", "onednn", "compiled"):
+            t.use_kernels(kernels, keep=True)
+    said = [r for r in caplog.records if "few-token steps of the compiled backend use oneDNN" in r.getMessage()]
+    assert len(said) == 1 and not said[0].getMessage().startswith("selfspec:")
+    other = load_model(str(tiny_dir))  # another model: its own note
+    with caplog.at_level(logging.INFO, logger="selfspec.kernels"):
+        other.use_kernels("compiled")
+    assert len([r for r in caplog.records if "few-token steps" in r.getMessage()]) == 2

@@ -63,7 +63,9 @@ def _apply(model: nn.Module, kernels: str, keep: bool, state: KernelState | None
             swap_linears(model, OneDNNLinear, keep, only=rest, state=state)  # each weight packed once
             # blocks of up to 8 tokens: Inductor's own reductions over a copy of the weights, 1.5x
             # faster on AVX2 (kernels/gemv.py), where a third of the free memory holds the copy
-            if add_blocked(model, psutil.virtual_memory().available // 3) is None:
+            noted = state.noted if state is not None else set()  # said once per model
+            if add_blocked(model, psutil.virtual_memory().available // 3) is None and "no-layout" not in noted:
+                noted.add("no-layout")
                 log.info("few-token steps of the compiled backend use oneDNN's kernel (too little "
                          "free memory for a second copy of the weights)")
         if model.config._attn_implementation == "sdpa":

@@ -20,10 +20,12 @@ class KernelState:
         kept: replacements kept for instant switching back, by (``id`` of the original layer, maker).
         attn_before: the attention function the model had before a backend switched it (None: not
             switched).
+        noted: notes already logged for this model (a backend switched to again says them once).
     """
 
     kept: dict[tuple[int, object], nn.Module] = field(default_factory=dict)
     attn_before: str | None = None
+    noted: set[str] = field(default_factory=set)
 
 
 class SwappedLinear(nn.Module):
