@@ -220,3 +220,27 @@ def test_no_room_for_the_few_row_layout_is_said_once_per_model(tiny_dir, monkeyp
     with caplog.at_level(logging.INFO, logger="selfspec.kernels"):
         other.use_kernels("compiled")
     assert len([r for r in caplog.records if "few-token steps" in r.getMessage()]) == 2
+
+
+def test_layers_beside_the_compiled_step_run_on_its_own_kernels():
+    """A stand-alone layer for the compiled backend (an EAGLE head's, a reduced draft LM head) runs
+    eagerly beside the step on that backend's own layers: oneDNN's prepacked ones in fp32 on the
+    CPU (not the stock matrix-vector product), stock where oneDNN cannot run; same outputs."""
+    from selfspec.kernels.backends import convert_linear, convert_linears
+    from selfspec.kernels.onednn import OneDNNLinear
+    from selfspec.kernels.swap import linear_layers
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 48)
+    x = torch.randn(3, 64)
+    got = convert_linear(layer, "compiled")
+    if onednn_available(torch.device("cpu"), torch.float32) is None:
+        assert isinstance(got, OneDNNLinear) and convert_linear(got, "compiled") is got
+        head = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+        convert_linears(head, "compiled")
+        assert {type(m) for _, _, m in linear_layers(head)} == {OneDNNLinear}
+    else:
+        assert got is layer
+    assert torch.allclose(got(x), layer(x), atol=1e-5, rtol=1e-5)
+    half = torch.nn.Linear(64, 48).to(torch.bfloat16)  # oneDNN's backend is fp32 only: stock
+    assert convert_linear(half, "compiled") is half
