@@ -6,9 +6,8 @@ validates at log-spaced steps (8, 16, 32, ...) besides four even ones, so each r
 held-out top-1 accuracy at draft depth j = 1..3 (``acc{j}``: the j-th draft token right, given a
 right prefix, on the run's held-out 5% of the data) against training tokens seen.
 
-Tokens seen at step s: the sum of the per-step token counts the run's history records (draft-head
-runs), else s x (training tokens per epoch) / (steps per epoch), from the run's recorded data
-summary (the fine-tunes).
+Tokens seen at step s = s x (training tokens per epoch) / (steps per epoch), from the run's data
+(``data/examples.pt`` is not read: the token count comes from the run's recorded data summary).
 
 The tokens needed for a speedup x come from the cost model: x = tau / (draft cost + verify cost)
 in units of T(1) (``experiments/backoff_diagnostics.py`` measures both per method with drafting forced);
@@ -45,20 +44,6 @@ def read_state(out: Path) -> dict:
     if not cks:
         raise SystemExit(f"{out}: no history.json and no checkpoint yet")
     return json.loads((cks[-1] / "trainer_state.json").read_text())
-
-
-def tokens_seen(state: dict) -> list[int]:
-    """Training tokens seen after each optimiser step 1, 2, ..., from the per-step counts a run's
-    history records (draft-head runs do); empty where it records none (the fine-tunes: see
-    :func:`tokens_per_step`)."""
-    hist = state.get("history", [])
-    if not hist or any("tokens" not in h for h in hist) or len(hist) != state["step"]:
-        return []
-    out, total = [], 0
-    for h in hist:
-        total += int(h["tokens"])
-        out.append(total)
-    return out
 
 
 def tokens_per_step(out: Path, state: dict) -> float:
@@ -129,11 +114,9 @@ def tokens_needed(fits: dict[int, tuple[float, float]], tau_needed: float, depth
 
 def analyse(label: str, out: Path, diag: dict | None) -> dict:
     state = read_state(out)
-    seen = tokens_seen(state)
-    per_step = seen[-1] / len(seen) if seen else tokens_per_step(out, state)
-    at = (lambda s: seen[s - 1] if s else 0) if seen else (lambda s: s * per_step)
+    per_step = tokens_per_step(out, state)
     vals = [v for v in state["val"] if all(f"acc{j}" in v for j in DEPTHS)]
-    points = [{"step": v["step"], "tokens": at(v["step"]), **{f"acc{j}": v[f"acc{j}"] for j in DEPTHS}}
+    points = [{"step": v["step"], "tokens": v["step"] * per_step, **{f"acc{j}": v[f"acc{j}"] for j in DEPTHS}}
               for v in vals]
     fits = {}
     for j in DEPTHS:
@@ -141,7 +124,7 @@ def analyse(label: str, out: Path, diag: dict | None) -> dict:
         if f is not None:
             fits[j] = f
     row = {"run": str(out), "steps": state["step"], "tokens_per_step": per_step,
-           "tokens_seen": at(state["step"]), "points": points,
+           "tokens_seen": state["step"] * per_step, "points": points,
            "fits": {f"acc{j}": {"intercept": a, "per_decade": b} for j, (a, b) in fits.items()}}
     if diag is not None and fits and len(fits) == len(DEPTHS):
         cost = diag["forced"]["draft_cost_T1"] + diag["forced"]["verify_cost_T1"]

@@ -51,29 +51,6 @@ def test_curve_fits_per_decade_and_finds_the_tokens_needed(tmp_path):
     assert (tmp_path / "out" / "curves.md").read_text().count("| sdsat |") == 1
 
 
-def test_a_head_run_counts_the_tokens_each_step_recorded(tmp_path):
-    """Draft-head runs record each step's tokens (their sequences vary in length): tokens seen at a
-    validation are the sum up to its step, not steps x an average from the data summary."""
-    run = _run_dir(tmp_path, final=True)
-    state = json.loads((run / "train" / "history.json").read_text())
-    state["history"] = [{"tokens": 50 if s < 64 else 100} for s in range(128)]  # steps 1..64: 50 each, then 100
-    (run / "train" / "history.json").write_text(json.dumps(state))
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "acceptance_curve.py"), "--run", f"hass={run}",
-                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    got = json.loads((tmp_path / "out" / "curves.json").read_text())["methods"]["hass"]
-    seen = {p["step"]: p["tokens"] for p in got["points"]}
-    assert seen[0] == 0 and seen[8] == 400 and seen[64] == 3200 and seen[128] == 3200 + 64 * 100
-    assert got["tokens_seen"] == 9600  # not 128 x 100 from the data summary
-    state["history"] = state["history"][:-1]  # a history shorter than its step count: the data summary's average
-    (run / "train" / "history.json").write_text(json.dumps(state))
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "acceptance_curve.py"), "--run", f"hass={run}",
-                        "--out", str(tmp_path / "out2")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    got = json.loads((tmp_path / "out2" / "curves.json").read_text())["methods"]["hass"]
-    assert {p["step"]: p["tokens"] for p in got["points"]}[8] == 800  # 8 x 100
-
-
 def test_a_bad_run_spec_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "acceptance_curve.py"), "--run", "nodir",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
