@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import psutil
+import torch
 from torch import nn
 
 from .bf16 import Bf16Linear
@@ -49,6 +50,14 @@ def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: Kerne
         state.kept.clear()
 
 
+def compiled_layers(weight: torch.Tensor) -> str:
+    """The eager linear layers of the ``compiled`` backend for a weight like ``weight``: oneDNN's
+    prepacked ones where oneDNN runs (fp32 on the CPU; 1.1x faster at q = 1, 1.7x at q = 8 inside
+    the step, docs/performance.md), else the stock ones. The step's layers and those that run
+    beside it (:func:`convert_linear`) are chosen here alike."""
+    return "onednn" if onednn_available(weight.device, weight.dtype) is None else "stock"
+
+
 def _apply(model: nn.Module, kernels: str, keep: bool, state: KernelState | None) -> None:
     """:func:`use_backend` on a model whose layers and attention are the stock ones."""
     if kernels == "onednn":
@@ -56,8 +65,7 @@ def _apply(model: nn.Module, kernels: str, keep: bool, state: KernelState | None
     elif kernels == "int8":
         apply_int8(model, keep, state)
     elif kernels == "compiled":
-        p = next(model.parameters())
-        if onednn_available(p.device, p.dtype) is None:  # 1.1x faster at q = 1, 1.7x at q = 8 (docs/performance.md)
+        if compiled_layers(next(model.parameters())) == "onednn":
             share_products(model, keep, state)  # q/k/v and gate/up: one product each in the step
             rest = {id(m) for _, _, m in linear_layers(model) if not isinstance(m, SharedProductLinear)}
             swap_linears(model, OneDNNLinear, keep, only=rest, state=state)  # each weight packed once
@@ -81,8 +89,7 @@ def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:
     two threads: a HASS head drafting on every step took 9.1 ms a step on stock layers and 4.6 ms
     on these, SmolLM2, AVX-512, ``docs/results/heads-policy-compiled*-avx512``)."""
     if kernels == "compiled":
-        w = original_of(layer).weight
-        kernels = "onednn" if onednn_available(w.device, w.dtype) is None else "stock"
+        kernels = compiled_layers(original_of(layer).weight)
     if isinstance(layer, SwappedLinear) and layer.backend == kernels:
         return layer
     layer = original_of(layer)
