@@ -2,9 +2,11 @@
 
     python scripts/ship_heads.py [MODEL] [METHOD ...]   # default: smollm2-135m-instruct eagle2 hass
 
-Reads $SELFSPEC_HOME/heads/MODEL-{eagle2,hass} and writes src/selfspec/data/heads/MODEL-{eagle2,hass}
-(model.safetensors in fp16, config.json, selfspec_head.json with a "shipped" note). A user's own
-trained head in $SELFSPEC_HOME/heads takes precedence over the shipped one.
+Reads each head where its recipe writes it ($SELFSPEC_HOME/heads/MODEL-eagle2 from
+scripts/train_eagle2.sh, $SELFSPEC_HOME/long/MODEL-hass from scripts/train_hass_long.sh) and writes
+src/selfspec/data/heads/MODEL-{eagle2,hass} (model.safetensors in fp16, config.json, selfspec_head.json
+with a "shipped" note). A user's own trained head in $SELFSPEC_HOME/heads takes precedence over the
+shipped one.
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from selfspec.heads import default_head_dir
+from selfspec.heads import HEAD_RECIPES, default_head_dir
+from selfspec.paths import selfspec_home
 
 LIMIT = 10 * 2**20  # bytes per committed artefact
 
 
+def recipe_output(model: str, method: str) -> Path:
+    """Where the method's recipe script leaves its finished head."""
+    if method == "hass":
+        return selfspec_home() / "long" / f"{model}-hass"
+    return default_head_dir(model, method)
+
+
 def main(model: str, methods: list[str]) -> None:
     for method in methods:
-        src = default_head_dir(model, method)
+        src = recipe_output(model, method)
         if not (src / "selfspec_head.json").is_file():
-            raise SystemExit(f"no trained {method} head in {src}; run bash scripts/train_hass.sh first")
+            raise SystemExit(f"no trained {method} head in {src}; run bash {HEAD_RECIPES[method]} to the end first")
         dst = Path("src/selfspec/data/heads") / f"{model}-{method}"
         dst.mkdir(parents=True, exist_ok=True)
         state = {k: (v.half() if v.is_floating_point() else v).contiguous()  # d2t / t2d maps keep their dtypes
@@ -33,7 +43,7 @@ def main(model: str, methods: list[str]) -> None:
         save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
         shutil.copy(src / "config.json", dst / "config.json")
         meta = json.loads((src / "selfspec_head.json").read_text())
-        meta["shipped"] = {"dtype": "float16", "from": f"$SELFSPEC_HOME/heads/{src.name}"}
+        meta["shipped"] = {"dtype": "float16", "from": f"$SELFSPEC_HOME/{src.parent.name}/{src.name}"}
         (dst / "selfspec_head.json").write_text(json.dumps(meta, indent=2) + "\n")
         size = (dst / "model.safetensors").stat().st_size
         if size > LIMIT:

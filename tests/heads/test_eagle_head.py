@@ -62,7 +62,9 @@ def test_cli_missing_head_errors(tiny_dir, capsys):
     # no trained head for this model: one line naming the command that makes one
     assert main(["generate", "--model", str(tiny_dir), "--method", "hass", "--no-chat", "w1 w2"]) == 2
     err = capsys.readouterr().err
-    assert "no trained hass head" in err and "train_hass.sh" in err and err.count("\n") == 1
+    assert "no trained hass head" in err and "scripts/train_hass_long.sh" in err and err.count("\n") == 1
+    assert main(["generate", "--model", str(tiny_dir), "--method", "eagle2", "--no-chat", "w1 w2"]) == 2
+    assert "scripts/train_eagle2.sh" in capsys.readouterr().err
     assert main(["generate", "--model", str(tiny_dir), "--method", "pld", "--head", "x", "w1"]) == 2
     assert "only used by eagle2 and hass" in capsys.readouterr().err
 

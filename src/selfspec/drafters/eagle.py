@@ -57,7 +57,7 @@ class EagleConfig:
     """Options of ``eagle2`` and ``hass`` (each field's help is in its metadata)."""
 
     head: str = option("", "draft head directory; empty = the trained one for the model in "
-                           "$SELFSPEC_HOME/heads/<model>-<method> (scripts/train_hass.sh), else the one shipped "
+                           "$SELFSPEC_HOME/heads/<model>-<method>, else the one shipped "
                            "with selfspec; random[:SEED] or random-eagle3[:SEED] = an untrained EAGLE-2 or "
                            "EAGLE-3 head (tests, lower bounds)",
                        flag="--head")

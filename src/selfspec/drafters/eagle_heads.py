@@ -50,7 +50,7 @@ def load_head_for(target, head: str, draft_vocab: int, method: str) -> tuple[Eag
     ``$SELFSPEC_HOME/heads``, else the one shipped with the package."""
     from pathlib import Path
 
-    from ..heads import find_head_dir
+    from ..heads import HEAD_RECIPES, find_head_dir
     from ..heads.checkpoints import load_draft_head
 
     if head.startswith("random"):
@@ -73,8 +73,9 @@ def load_head_for(target, head: str, draft_vocab: int, method: str) -> tuple[Eag
     found = None if head else find_head_dir(target.name, method)
     if not head and found is None:
         raise SelfspecError(
-            f"no trained {method} head for model '{target.name}': train one with `bash scripts/train_hass.sh` "
-            f"(or `selfspec train hass --model {target.name} --out DIR`) and pass head=DIR (--head DIR)")
+            f"no trained {method} head for model '{target.name}': train one with `selfspec train hass --model "
+            f"{target.name} --objective {'hass' if method == 'hass' else 'eagle'} --out DIR` (SmolLM2's shipped "
+            f"head: `bash {HEAD_RECIPES[method]}`) and pass head=DIR (--head DIR)")
     path = head or str(found)
     if head and not Path(head).exists():  # a file: load_head says so
         raise SelfspecError(f"head directory {head} does not exist; pass a directory written by "

@@ -7,10 +7,14 @@ from pathlib import Path
 
 from ..paths import model_key, selfspec_home
 
+# The scripts that train the heads shipped for the default model (what an error names when none is found).
+HEAD_RECIPES = {"eagle2": "scripts/train_eagle2.sh", "hass": "scripts/train_hass_long.sh"}
+
 
 def default_head_dir(model_name: str, method: str) -> Path:
-    """``$SELFSPEC_HOME/heads/<model>-<method>``: where ``scripts/train_hass.sh`` puts the head
-    that ``--method eagle2`` / ``hass`` use when no ``head`` is given."""
+    """``$SELFSPEC_HOME/heads/<model>-<method>``: where ``scripts/train_eagle2.sh`` puts its head and
+    where a head that ``--method eagle2`` / ``hass`` use when no ``head`` is given lives (before the
+    shipped one)."""
     return selfspec_home() / "heads" / f"{model_key(model_name)}-{method}"
 
 
