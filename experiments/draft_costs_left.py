@@ -23,6 +23,8 @@ import json
 import time
 from pathlib import Path
 
+from selfspec.bench.records import read_records, records_file
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,12 +32,10 @@ def ar_token_ids(model: str) -> list[int]:
     """Greedy ``ar`` token ids of every prompt id in the benchmark runs of ``model`` (first record each)."""
     ids: list[int] = []
     seen: set[str] = set()
-    for rec in sorted((ROOT / "docs" / "results").glob("*/records.jsonl")):
-        meta = rec.parent / "meta.json"
-        if not meta.is_file() or json.loads(meta.read_text()).get("model") != model:
+    for meta in sorted((ROOT / "docs" / "results").glob("*/meta.json")):
+        if json.loads(meta.read_text()).get("model") != model or records_file(meta.parent) is None:
             continue
-        for line in rec.read_text().splitlines():
-            r = json.loads(line)
+        for r in read_records(meta.parent):
             if (r.get("method", "").split("@")[0] == "ar" and not r.get("temperature") and r.get("token_ids")
                     and r["prompt_id"] not in seen):
                 seen.add(r["prompt_id"])

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from selfspec.bench.datasets import load_dataset
+from selfspec.bench.records import read_records, records_file
 from selfspec.core import kv_cache
 from selfspec.decoding.text import encode_prompt
 from selfspec.models.compiled_step import capacity_for
@@ -43,11 +44,11 @@ def top2(target: LoadedModel, ids: list[int]) -> tuple[float, int, int]:
 
 def main(out: Path) -> None:
     rows, totals, kernels = [], {}, None
-    for ds_dir in sorted(p for p in out.iterdir() if (p / "records.jsonl").is_file()):
+    for ds_dir in sorted(p for p in out.iterdir() if p.is_dir() and records_file(p) is not None):
         meta = json.loads((ds_dir / "meta.json").read_text())
         kernels = meta["kernels"][0]
         prompts = {p.id: p for p in load_dataset(meta["dataset"], None, 1, None)}
-        recs = [json.loads(line) for line in (ds_dir / "records.jsonl").read_text().splitlines() if line.strip()]
+        recs = read_records(ds_dir)
         ar = {r["prompt_id"]: r["token_ids"] for r in recs if r["method"] == f"ar@{kernels}" and r["repeat"] == 0}
         hf = {r["prompt_id"]: r["token_ids"] for r in recs if r["method"] == "hf" and r["repeat"] == 0}
         both = sorted(set(ar) & set(hf))

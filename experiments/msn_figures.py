@@ -19,6 +19,8 @@ import json
 import statistics
 from pathlib import Path
 
+from selfspec.bench.records import read_records
+
 
 def summarize(records: list[dict]) -> dict[str, dict]:
     """Per method entry: tokens per forward (prefill excluded), acceptance by depth (accepted /
@@ -80,7 +82,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[str, dict]] = {}  # dataset -> model label -> {meta, methods}
     for d in map(Path, args.bench):
-        recs = [json.loads(x) for x in (d / "records.jsonl").read_text().splitlines() if x.strip()]
+        recs = read_records(d)
         meta = json.loads((d / "meta.json").read_text())
         runs.setdefault(meta["dataset"], {})[label(meta["model"])] = {"meta": meta, "methods": summarize(recs)}
     lines = []

@@ -18,6 +18,8 @@ import re
 import statistics
 from pathlib import Path
 
+from selfspec.bench.records import read_records
+
 
 def loops(rec: dict) -> list[tuple[int, int]]:
     """(drafted k, accepted a) of every verify step of one record (draft steps have depth 0)."""
@@ -80,7 +82,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     result, lines = {}, []
     for d in map(Path, args.bench):
-        recs = [json.loads(x) for x in (d / "records.jsonl").read_text().splitlines() if x.strip()]
+        recs = read_records(d)
         meta = json.loads((d / "meta.json").read_text())
         s = summarize(recs, args.method, meta["generation"]["temperature"] > 0)
         result[d.name] = {"dataset": meta["dataset"], "temperature": meta["generation"]["temperature"], "methods": s}

@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 from selfspec.bench.plots import plot_all
+from selfspec.bench.records import read_records, records_file
 
 
 def replot(run: Path) -> list[Path]:
-    """Plots of the run in ``run`` (``report.json`` + ``records.jsonl``); returns their paths."""
+    """Plots of the run in ``run`` (``report.json`` + its records, packed or not); returns their paths."""
     report = json.loads((run / "report.json").read_text())
-    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
+    records = read_records(run)
     meta = report["meta"]
     return plot_all(run, report["summary"], records, meta.get("cost_profiles"), str(meta.get("model", run.name)))
 
@@ -28,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", type=Path, help="run directories (with report.json and records.jsonl)")
     args = p.parse_args(argv)
     for run in args.runs:
-        if not (run / "report.json").is_file() or not (run / "records.jsonl").is_file():
-            print(f"replot: {run} has no report.json + records.jsonl; skipped", file=sys.stderr)
+        if not (run / "report.json").is_file() or records_file(run) is None:
+            print(f"replot: {run} has no report.json + records; skipped", file=sys.stderr)
             continue
         for path in replot(run):
             print(path)

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from selfspec.bench.records import read_records
+
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 RESULTS = Path("docs/results")
 NOTE = ("one process per model, every method and peer on the same prompts in the same run after warm-up; "
@@ -198,7 +200,7 @@ def headline(reports: list[dict]) -> str:
             continue
         env = rep["meta"]["environment"]
         fam = family(env.get("cpu_flags", ""))
-        recs = [json.loads(x) for x in (rep["dir"] / "records.jsonl").read_text().splitlines() if x.strip()]
+        recs = read_records(rep["dir"])
         stamps = [r["time"] for r in recs if isinstance(r.get("time"), (int, float))]
         when = time.strftime("%Y-%m-%d", time.gmtime(max(stamps))) if stamps else ""
         rep["when"], rep["records"] = when, recs

@@ -1,5 +1,5 @@
 """The tracked tree stays small: a GPU call carries the whole working tree (64 MiB at most), and
-wheels must fit beside it (issue 31). Result runs keep records, not every plot
+wheels must fit beside it (issue 31). Result runs keep packed records, not every plot
 (``scripts/replot.py`` redraws them); trained artefacts stay under 10 MB each."""
 
 from __future__ import annotations
@@ -33,3 +33,12 @@ def test_tracked_tree_under_48_mb():
 def test_no_tracked_file_over_10_mb():
     big = [p for p in tracked() if p.is_file() and p.stat().st_size > ARTEFACT_LIMIT]
     assert not big, f"tracked files over 10 MB: {[str(p.relative_to(ROOT)) for p in big]}"
+
+
+def test_result_runs_keep_packed_records():
+    """Records are most of a benchmark run's bytes and compress about 12x: a run kept under
+    docs/results has ``records.jsonl.gz`` (``scripts/pack_results.py``), which every reader reads."""
+    plain = [p for p in tracked() if p.name == "records.jsonl" and p.relative_to(ROOT).parts[0] == "docs"
+             and (p.parent / "meta.json").is_file()]
+    assert not plain, (f"unpacked benchmark records: {[str(p.relative_to(ROOT)) for p in plain][:5]}; run "
+                       "`python scripts/pack_results.py docs/results` and commit the .gz files")

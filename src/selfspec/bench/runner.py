@@ -30,6 +30,7 @@ from .llamacpp import LLAMA_PEERS, LlamaCppPeer, PeerFailure, expand_peers, mode
 from .options import BenchOptions, add_bench_args, entry_name
 from .peers import PEERS, run_peer
 from .provenance import Provenance, check_resumable, package_version, source_revision
+from .records import PACKED, RECORDS, read_records, records_file
 
 if TYPE_CHECKING:
     from ..generator import Generator
@@ -117,7 +118,7 @@ class BenchRun:
 
     @property
     def records_path(self) -> Path:
-        return self.out / "records.jsonl"
+        return self.out / RECORDS
 
     @property
     def names(self) -> list[str]:
@@ -182,22 +183,19 @@ def plan(args: BenchOptions) -> BenchRun:
     prompts = load_dataset(args.dataset, args.limit, args.turns, args.per_category)
     prov = Provenance.here(args.command_line if args.command_line is not None else sys.argv)
     b = BenchRun(args, methods, peers, gen, prompts, prov, Path(args.out), {})
-    if b.records_path.exists():
+    found = records_file(b.out)
+    if found is not None:
         if not args.resume:
-            raise SelfspecError(f"{b.records_path} exists; pass --resume to continue it or choose another --out")
-        with open(b.records_path) as f:
-            for line in f:
-                if line.strip():
-                    try:
-                        r = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a line cut by an interrupt
-                    b.done[_record_key(r)] = r
+            raise SelfspecError(f"{found} exists; pass --resume to continue it or choose another --out")
+        for r in read_records(b.out):  # a line cut by an interrupt is skipped
+            b.done[_record_key(r)] = r
         check_resumable(b.out, args.identity(prompts, prov), list(b.done.values()))  # another machine or config
-        # rewrite without the cut line, so appended records start on a line of their own
+        # rewrite without the cut line, so appended records start on a line of their own (a packed run
+        # is continued as plain records: pack it again when done)
         tmp = b.records_path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in b.done.values()))
         tmp.replace(b.records_path)
+        (b.out / PACKED).unlink(missing_ok=True)
     b.out.mkdir(parents=True, exist_ok=True)
     b.gguf = model_gguf(str(args.model), args.llama_gguf) if b.llama_names else None  # may download it once
     return b
