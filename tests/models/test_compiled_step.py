@@ -255,6 +255,31 @@ def test_a_second_process_loads_the_saved_step_without_tracing(compiled, ar_ids,
     assert saved[0].stat().st_size > 1000  # compiled again and replaced
 
 
+def test_a_model_of_the_same_architecture_loads_the_saved_steps(compiled, ar_ids, tmp_path, monkeypatch):
+    """A saved step takes the weights as inputs, so another model of the same architecture (a
+    fine-tune, a copy in another directory) loads the steps saved for the first instead of compiling
+    its own, and decodes with its own weights: ``generate``'s ids on it, not the first model's."""
+    from selfspec.models import aot_step
+
+    if not aot_step.supported(torch.device("cpu")):
+        pytest.skip("this PyTorch has no aot_compile")
+    from torch._dynamo.utils import counters
+
+    other = save_tiny(tmp_path / "fine-tune", "llama", 5, layers=1)
+    traced = counters["frames"]["total"]
+    with monkeypatch.context() as m:
+        m.setattr(aot_step, "compile_step", no_compiling)  # (a failed compile falls back to torch.compile)
+        t = load_model(str(other), kernels="compiled")
+        g = selfspec.load(t, method="ar", self_test=False)
+        got = [g.generate(p, max_new_tokens=MAX_NEW, chat=False).token_ids for p in PROMPTS]
+    assert counters["frames"]["total"] == traced  # loaded, not traced
+    for p, ids in zip(PROMPTS, got):
+        out = t.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                               do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+        assert ids == out[0, len(p):].tolist()
+    assert got != ar_ids  # its own weights decoded, not the first model's
+
+
 def test_module_references_of_every_saved_step_are_found():
     """The references a step saved as a process's second or later compile needs (counted ``_c1``,
     ``_c2``, ...: seen on SmolLM2's hidden-states steps) are found, not only a first step's ``_c0``."""

@@ -66,6 +66,12 @@ def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int,
     return artifact_paths(directory, model, [shape])[0]
 
 
+WHERE_FROM = ("_name_or_path",)
+"""Config keys that say where the weights were read from, left out of saved steps' names: a step
+takes the weights as inputs, so a copy of a model in another directory or a fine-tune of the same
+architecture (``smollm2-135m-instruct-msn``) loads the steps saved for the model (tested)."""
+
+
 def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[int, int, bool]]) -> list[Path]:
     """:func:`artifact_path` of each of ``shapes``, the model's part of the key computed once (a
     walk over its layers and its config: 7 ms on SmolLM2, which ``auto`` asked for 44 times)."""
@@ -75,7 +81,7 @@ def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[in
     layers = linear_layers(model)
     key = {
         "model": type(model).__qualname__,
-        "config": json.loads(config.to_json_string(use_diff=False)),
+        "config": {k: v for k, v in json.loads(config.to_json_string(use_diff=False)).items() if k not in WHERE_FROM},
         "dtype": str(model.dtype),
         "device": str(next(model.parameters()).device),
         "attention": config._attn_implementation,
