@@ -138,6 +138,22 @@ def compiled_ready(target: LoadedModel, methods: Sequence[str]) -> list[str]:
         target.use_kernels(before, keep=True)
 
 
+def draft_steps_missing(target: LoadedModel, cands: Sequence[Candidate]) -> list[Candidate]:
+    """Those of the ``compiled`` candidates ``cands`` whose drafter would compile a draft step of its
+    own when built (:attr:`~selfspec.drafters.spec.MethodSpec.draft_step`: self-spec's int8 draft,
+    about half a minute on SmolLM2), told without building them; ``target`` is switched to the
+    compiled backend to tell, and left on the backend it was on."""
+    need = [c for c in cands if c.kernels == "compiled" and METHODS[c.method].draft_step is not None]
+    if not need:
+        return []
+    before = target.backend
+    target.use_kernels("compiled", keep=True)
+    try:
+        return [c for c in need if METHODS[c.method].draft_step(target, method_config(c.method, c.options))]
+    finally:
+        target.use_kernels(before, keep=True)
+
+
 def _auto_sizes(c: Candidate) -> tuple[int, ...]:
     """The compiled block sizes of a candidate of ``auto``: all it verifies on the compiled backend
     (saved here, or it would be no candidate), loaded before it is timed so no timed run loads one."""
@@ -170,7 +186,12 @@ def _load_chosen(target: LoadedModel, method: str, options: dict, kernels: str, 
         # the compiled step, for the methods whose steps are saved here: auto compiles nothing itself
         compiled = on(["compiled"])
         ready = compiled_ready(target, list(dict.fromkeys(c.method for c in compiled)))
-        cands = [c for c in cands if c.kernels != "compiled"] + [c for c in compiled if c.method in ready]
+        compiled = [c for c in compiled if c.method in ready]
+        no_draft = draft_steps_missing(target, compiled)
+        for c in no_draft:
+            log.info(f"auto: {c.label} is left out: its draft step is not compiled on this machine (`selfspec "
+                     "compile` compiles it once; auto then times it too)")
+        cands = [c for c in cands if c.kernels != "compiled"] + [c for c in compiled if c not in no_draft]
         if not ready:
             if kernels == "compiled":
                 raise SelfspecError("auto on the compiled kernels times only steps compiled ahead, and none are "

@@ -174,3 +174,38 @@ def test_whole_model_int8_draft_runs_through_its_own_step_on_the_compiled_backen
         other = selfspec.load(on_compiled(), "self-spec", self_test=False, k=3, auto_k=False, draft_kernels="int8",
                               **{"draft_vocab": 0, **opts})
         assert other.drafter.draft_step is None
+
+
+def test_the_draft_steps_file_is_named_without_building_it(tiny_dir, tmp_path, monkeypatch):
+    """Whether self-spec's int8 draft step is saved is told without quantising the model (seconds on
+    SmolLM2, which ``auto`` would pay at every load): the file named from the classes the int8 switch
+    would install is the one the step saves under (the name the model gets under the built switch
+    with its layout). Negative controls: the verify step's name and the layers without the layout
+    differ; options whose draft runs eagerly (a skip set, the verify kernels) have no step to miss."""
+    from selfspec.drafters.self_spec import SelfSpecConfig, draft_step_missing
+    from selfspec.kernels.int8 import layer_classes
+    from selfspec.kernels.switch import LinearSwitch
+    from selfspec.models import aot_step
+    from selfspec.models.compiled_step import MIN_CAPACITY
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    target = load_model(str(tiny_dir), kernels="compiled")  # compiles nothing until a step runs
+    model = target.model
+    shape = [(1, MIN_CAPACITY, False)]
+    named = aot_step.artifact_paths(str(tmp_path), model, shape, (layer_classes(model), True))[0]
+    switch = LinearSwitch(model, "int8")
+    assert switch.add_layout()
+    with switch.active():
+        built = aot_step.artifact_paths(str(tmp_path), model, shape)[0]
+    assert named == built
+    assert aot_step.artifact_paths(str(tmp_path), model, shape)[0] != built  # the verify step's
+    assert aot_step.artifact_paths(str(tmp_path), model, shape, (layer_classes(model), False))[0] != built
+
+    int8_draft = SelfSpecConfig(skip_attention=(), skip_mlp=(), draft_kernels="int8")
+    assert draft_step_missing(target, int8_draft)
+    for eager in (SelfSpecConfig(skip_attention=(1,), skip_mlp=(), draft_kernels="int8"),
+                  SelfSpecConfig(skip_attention=(), skip_mlp=(), draft_kernels="same")):
+        assert not draft_step_missing(target, eager)
+    built.parent.mkdir(parents=True, exist_ok=True)
+    built.write_bytes(b"")  # saved (pretended)
+    assert not draft_step_missing(target, int8_draft)

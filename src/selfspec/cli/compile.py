@@ -68,6 +68,11 @@ def _names(args: argparse.Namespace) -> list[str] | None:
     return names
 
 
+def _label(options: dict) -> str:
+    """A method's options as the command prints them (``draft_kernels=int8``, or ``defaults``)."""
+    return ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
+
+
 def run(args: argparse.Namespace) -> int:
     """Compile (or list) the steps each method verifies through, on the static caches requests up to
     ``--max-tokens`` need; saved under ``$SELFSPEC_HOME/compile``."""
@@ -75,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models import aot_step
     from ..models.compiled_step import MIN_CAPACITY, capacity_for, compile_cache_dir
     from ..models.loading import load_model
-    from ..registry import METHODS, compiled_blocks
+    from ..registry import METHODS, compiled_blocks, method_config
 
     setup(args)
     if args.max_tokens < 1:
@@ -111,18 +116,21 @@ def run(args: argparse.Namespace) -> int:
         target.use_kernels("compiled", keep=True)
     step = target.step
     assert step is not None
+    # drafts through a step of their own (self-spec's int8 draft) whose step is not saved here
+    drafts_todo = [(m, o) for m, o in drafting if METHODS[m].draft_step(target, method_config(m, o))]
     todo: list[tuple[int, int, bool]] = []
     ready = []
     for method, hidden in hidden_of.items():
         missing = [sh for c in caps for sh in step.missing(c, compiled_blocks(method), hidden)]
         todo += [sh for sh in missing if sh not in todo]
-        if not missing:
+        if not missing and not any(m == method for m, _ in drafts_todo):
             ready.append(method)
     for s in skipped:
         print(f"selfspec: skipped {s}")
     shapes = ", ".join(f"{t}x{c}" + ("+hidden" if h else "") for t, c, h in todo) or "none"
+    drafts = "".join(f"; {m} ({_label(o)}): draft step to compile" for m, o in drafts_todo)
     print(f"{target.name}: steps saved for {', '.join(ready) or 'no method'}; {len(todo)} to compile ({shapes}; "
-          "block x cache)")
+          f"block x cache){drafts}")
     if args.list:
         return 0
     t0 = time.perf_counter()
@@ -142,9 +150,8 @@ def run(args: argparse.Namespace) -> int:
             continue  # no step of its own: this draft runs eagerly
         for c in caps[1:]:
             g.drafter.warm_up(c)
-        label = ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
-        print(f"{method} ({label}): draft step saved ({time.perf_counter() - t0:.0f} s so far)", flush=True)
-    if todo:
+        print(f"{method} ({_label(options)}): draft step saved ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+    if todo or drafts_todo:
         print(f"done in {time.perf_counter() - t0:.0f} s; auto now times the compiled kernels too "
               f"(its cached choice is measured again on the next run)")
     return 0

@@ -38,7 +38,8 @@ from ..core.tree import DraftTree
 from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
-from ..kernels.switch import DRAFT_KERNELS, LinearSwitch
+from ..kernels.int8 import layer_classes as int8_layer_classes
+from ..kernels.switch import DRAFT_KERNELS, LinearSwitch, layout_fits
 from ..models.adapter import build_mask
 from ..models.compiled_step import MIN_CAPACITY, StaticStep
 from ..models.skipping import SkipSet, skip_sublayers
@@ -345,10 +346,27 @@ def compiled_draft_step(target, skip: SkipSet, lm_head: DraftLMHead | None,
     step is the stock forward compiled under the switch, saved and loaded like the verify steps
     (its file's name differs by the int8 layer classes). None where the draft stays eager."""
     step = target.step
-    if (step is None or switch is None or lm_head is not None or skip.size or target.device.type != "cpu"
-            or not switch.add_layout()):
+    if not _draft_steps(target, skip, lm_head is None, switch.kernels if switch else "same") or not switch.add_layout():
         return None
     return StaticStep(target.model, compile=step.compile)
+
+
+def _draft_steps(target, skip: SkipSet, own_head: bool, kernels: str) -> bool:
+    """Whether the draft runs through a compiled step of its own (:func:`compiled_draft_step`)."""
+    return (target.step is not None and kernels == "int8" and own_head and not skip.size
+            and target.device.type == "cpu" and layout_fits(target.model))
+
+
+def draft_step_missing(target, cfg: SelfSpecConfig) -> bool:
+    """Whether a drafter built with ``cfg`` on ``target`` (compiled backend) would compile a draft
+    step of its own now (not saved here), told without building it (the int8 copy takes seconds)."""
+    from ..models.draft_vocab import draft_vocab_for
+
+    skip, _, _, _, vocab, kernels = resolve_skip(target, cfg)
+    kernels = "same" if kernels == target.backend else kernels
+    if not _draft_steps(target, skip, draft_vocab_for(target, vocab) is None, kernels):
+        return False
+    return bool(target.step.missing(MIN_CAPACITY, (1,), False, layers_as=(int8_layer_classes(target.model), True)))
 
 
 def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:
@@ -377,4 +395,4 @@ def _has_skip_config(name: str, target, ctx: AutoContext) -> dict | None:
 SPEC = MethodSpec("self-spec", SelfSpecConfig, build, True,
                   "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)",
                   auto=AutoCandidacy(_has_skip_config, "draft_kernels", DRAFT_KERNELS),  # bf16 where native
-                  draft_step=True)  # an int8 draft of the whole model drafts through a compiled step
+                  draft_step=draft_step_missing)  # an int8 draft of the whole model drafts through a compiled step

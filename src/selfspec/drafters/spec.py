@@ -113,9 +113,12 @@ class MethodSpec:
             prices up to it): the ``compiled`` backend's steps up to this block are compiled ahead
             (``selfspec compile``, the benchmark's warm-up) and must be saved for ``auto`` to time
             the method there. A larger block (a user's option) compiles when met.
-        draft_step: whether its drafter may draft through a compiled step of its own on the
-            ``compiled`` backend (``self-spec``'s int8 draft), which ``selfspec compile`` then
-            builds through :meth:`~selfspec.decoding.protocol.Drafter.warm_up`.
+        draft_step: for a drafter that may draft through a compiled step of its own on the
+            ``compiled`` backend (``self-spec``'s int8 draft), ``draft_step(target, cfg)``: whether
+            the drafter of options ``cfg`` would compile that step now (not saved here), told without
+            building it. ``selfspec compile`` builds such steps through
+            :meth:`~selfspec.decoding.protocol.Drafter.warm_up`; ``auto`` leaves a candidate whose
+            step is missing out, as it does one whose verify steps are. None: no step of its own.
     """
 
     name: str
@@ -125,7 +128,7 @@ class MethodSpec:
     help: str
     auto: AutoCandidacy | None = None
     largest_block: int = 64
-    draft_step: bool = False
+    draft_step: Callable[[LoadedModel, Any], bool] | None = None
 
     def build(self, target: LoadedModel, cfg: object, ctx: BuildContext) -> Drafter:
         """The drafter of this method for ``target`` with options ``cfg``."""

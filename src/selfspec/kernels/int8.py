@@ -346,6 +346,31 @@ class Int8GroupMember(SwappedLinear, CompiledInt8Path):
         return y if y is not None else self.group.output(x, self.index)
 
 
+def sibling_groups(model: nn.Module) -> list[tuple[nn.Module, tuple[str, ...], list[nn.Linear]]]:
+    """The sibling layers :func:`apply` fuses into one product each: ``(parent, attribute names,
+    their fp32 originals)`` for every set of :data:`SIBLINGS` that reads one input."""
+    groups = []
+    for parent in model.modules():
+        for names in SIBLINGS:
+            layers = [getattr(parent, n, None) for n in names]
+            if not all(isinstance(x, (nn.Linear, SwappedLinear)) for x in layers):
+                continue
+            originals = [original_of(x) for x in layers]
+            if len({o.in_features for o in originals}) == 1:
+                groups.append((parent, names, originals))
+    return groups
+
+
+def layer_classes(model: nn.Module) -> set[type]:
+    """The classes :func:`apply` puts in ``model``'s linear slots, found without quantising anything
+    (seconds on a small model): what names a compiled step over the int8 layers (the self-spec
+    draft step's saved file, ``aot_step.artifact_paths``)."""
+    groups = sibling_groups(model)
+    grouped = {id(o) for _, _, originals in groups for o in originals}
+    rest = [child for _, _, child in linear_layers(model) if id(original_of(child)) not in grouped]
+    return ({Int8GroupMember} if groups else set()) | ({Int8Linear} if rest else set())
+
+
 def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> None:
     """Swap every linear layer of ``model`` (the LM head too) for int8: sibling groups for
     ``q/k/v_proj`` and ``gate/up_proj``, :class:`Int8Linear` for the rest."""
@@ -354,24 +379,17 @@ def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None
     if reason:
         raise SelfspecError(reason)
     grouped = set()
-    for parent in model.modules():
-        for names in SIBLINGS:
-            layers = [getattr(parent, n, None) for n in names]
-            if not all(isinstance(x, (nn.Linear, SwappedLinear)) for x in layers):
-                continue
-            originals = [original_of(x) for x in layers]
-            if len({o.in_features for o in originals}) != 1:
-                continue
-            kept = state.kept if state is not None else {}
-            members = kept.get((id(originals[0]), Int8GroupMember))
-            if members is None:
-                group = Int8Group(originals)
-                members = [Int8GroupMember(o, group, i) for i, o in enumerate(originals)]
-                if keep:
-                    kept[(id(originals[0]), Int8GroupMember)] = members
-            for n, m in zip(names, members):
-                setattr(parent, n, m)
-                grouped.add(id(m))
+    for parent, names, originals in sibling_groups(model):
+        kept = state.kept if state is not None else {}
+        members = kept.get((id(originals[0]), Int8GroupMember))
+        if members is None:
+            group = Int8Group(originals)
+            members = [Int8GroupMember(o, group, i) for i, o in enumerate(originals)]
+            if keep:
+                kept[(id(originals[0]), Int8GroupMember)] = members
+        for n, m in zip(names, members):
+            setattr(parent, n, m)
+            grouped.add(id(m))
     rest = [child for _, _, child in linear_layers(model) if id(child) not in grouped]
     if rest:
         swap_linears(model, Int8Linear, keep, only={id(c) for c in rest}, state=state)

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..errors import SelfspecError
 from .bf16 import apply as apply_bf16
+from .gemv import BLOCK as LAYOUT_BLOCK
 from .int8 import CompiledInt8Path
 from .int8 import apply as apply_int8
 from .swap import linear_layers, original_of, released
@@ -34,6 +35,16 @@ def draft_precisions(device_type: str = "cpu") -> tuple[tuple[str, ...], dict[st
     if reason is not None:
         left_out["bf16"] = reason
     return tuple(k for k in DRAFT_KERNELS if k not in left_out), left_out
+
+
+def layout_fits(model: nn.Module) -> bool:
+    """Whether an int8 draft of ``model`` can get the few-row layout (:meth:`LinearSwitch.add_layout`):
+    every linear layer's rows fill the layout's blocks, and the int8 copies take at most a third of
+    the free memory (as for the fp32 layout)."""
+    originals = [original_of(layer) for _, _, layer in linear_layers(model)]
+    if any(o.out_features % LAYOUT_BLOCK for o in originals):
+        return False
+    return sum(o.in_features * o.out_features for o in originals) <= psutil.virtual_memory().available // 3
 
 
 class LinearSwitch:
@@ -81,8 +92,8 @@ class LinearSwitch:
         layers = [layer for _, _, layer in self._draft]
         if self.kernels != "int8" or not all(isinstance(layer, CompiledInt8Path) for layer in layers):
             return False
-        if sum(layer.in_features * layer.out_features for layer in layers) > psutil.virtual_memory().available // 3:
-            return False  # as for the fp32 layout: no more than a third of the free memory
+        if not layout_fits(self.model):
+            return False
         if all(layer.add_layout() for layer in layers):
             self.extra_bytes += sum(layer.blocked.numel() + 4 * layer.out_features for layer in layers)
             return True

@@ -72,13 +72,24 @@ takes the weights as inputs, so a copy of a model in another directory or a fine
 architecture (``smollm2-135m-instruct-msn``) loads the steps saved for the model (tested)."""
 
 
-def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[int, int, bool]]) -> list[Path]:
+def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[int, int, bool]],
+                   layers_as: tuple[set[type], bool] | None = None) -> list[Path]:
     """:func:`artifact_path` of each of ``shapes``, the model's part of the key computed once (a
-    walk over its layers and its config: 7 ms on SmolLM2, which ``auto`` asked for 44 times)."""
+    walk over its layers and its config: 7 ms on SmolLM2, which ``auto`` asked for 44 times).
+
+    Args:
+        layers_as: name the steps as if every linear slot held one of these classes, with (True)
+            or without the few-row layout (the int8 draft step's file, named without quantising
+            the model: ``kernels.int8.layer_classes``); None: the layers the model holds now."""
     import transformers
 
     config = model.config
-    layers = linear_layers(model)
+    if layers_as is None:
+        layers = linear_layers(model)
+        linears = {type(m) for _, _, m in layers}
+        layout = any(getattr(m, "blocked", None) is not None for _, _, m in layers)
+    else:
+        linears, layout = layers_as
     key = {
         "model": type(model).__qualname__,
         "config": {k: v for k, v in json.loads(config.to_json_string(use_diff=False)).items() if k not in WHERE_FROM},
@@ -86,10 +97,10 @@ def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[in
         "device": str(next(model.parameters()).device),
         "attention": config._attn_implementation,
         "window": WINDOW,  # the static attention's keyword, which the graph takes
-        "linears": sorted({f"{type(m).__module__}.{type(m).__qualname__}" for _, _, m in layers}),
+        "linears": sorted({f"{c.__module__}.{c.__qualname__}" for c in linears}),
         "passes": SHARED_PRODUCTS_PASS,
         "inductor": INDUCTOR_OPTIONS,
-        "one_token": PRODUCT_LAYOUT if any(getattr(m, "blocked", None) is not None for _, _, m in layers) else None,
+        "one_token": PRODUCT_LAYOUT if layout else None,
         "machine": machine_id(),  # CPU model, thread count, torch version
         "torch_dir": str(Path(torch.__file__).parent),  # its kernels' build key names the install's headers
         "transformers": transformers.__version__,

@@ -246,19 +246,22 @@ class StaticStep:
                                          options=aot_step.cpu_step_options())
         return self._fn
 
-    def missing(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> list[tuple[int, int, bool]]:
+    def missing(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool,
+                layers_as: tuple[set[type], bool] | None = None) -> list[tuple[int, int, bool]]:
         """The shapes ``(padded T, capacity, hidden)`` of blocks of ``sizes`` that neither ran in this
         process nor are saved on disk here (a later process loads a saved step in a fraction of a
         second instead of compiling it). On devices whose steps are not saved (CUDA), every shape
-        not compiled in this process."""
+        not compiled in this process. ``layers_as``: the steps of the model on other layers
+        (:func:`~selfspec.models.aot_step.artifact_paths`), none of which ran in this process."""
         if not self.compile:
             return []
         shapes = sorted({(bucket(s), capacity, want_hidden) for s in sizes if bucket(s) + 1 <= capacity})
-        todo = [sh for sh in shapes if sh not in self.compile_s]
+        todo = [sh for sh in shapes if layers_as is not None or sh not in self.compile_s]
         d = compile_cache_dir()
         if d is None or not aot_step.supported(next(self.model.parameters()).device):
             return todo
-        return [sh for sh, path in zip(todo, aot_step.artifact_paths(d, self.model, todo)) if not path.is_file()]
+        paths = aot_step.artifact_paths(d, self.model, todo, layers_as)
+        return [sh for sh, path in zip(todo, paths) if not path.is_file()]
 
     def warm_up(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> float:
         """Compile the step for blocks of each of ``sizes`` (padded as :func:`bucket`) on a
