@@ -363,8 +363,8 @@ def sibling_groups(model: nn.Module) -> list[tuple[nn.Module, tuple[str, ...], l
 
 def layer_classes(model: nn.Module) -> set[type]:
     """The classes :func:`apply` puts in ``model``'s linear slots, found without quantising anything
-    (seconds on a small model): what names a compiled step over the int8 layers (the self-spec
-    draft step's saved file, ``aot_step.artifact_paths``)."""
+    (quantising takes seconds even on SmolLM2): what names a compiled step over the int8 layers (the
+    self-spec draft step's saved file, ``aot_step.artifact_paths``)."""
     groups = sibling_groups(model)
     grouped = {id(o) for _, _, originals in groups for o in originals}
     rest = [child for _, _, child in linear_layers(model) if id(original_of(child)) not in grouped]
