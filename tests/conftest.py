@@ -197,3 +197,37 @@ def write_draft_ranking(model_name: str, vocab_size: int, ranking: list[int]) ->
     data = {"format": FORMAT, "model": model_name, "vocab_size": vocab_size, "source": {"test": True},
             "ranking": list(ranking) + rest, "counts": {}}
     return write_ranking(data, user_ranking_path(model_name))
+
+
+@pytest.fixture
+def int8_draft_config(tiny_dir):
+    """A user skip config for the tiny model whose self-spec draft is the whole model in int8 (the
+    draft that runs through a compiled step of its own), removed afterwards. Yields its path."""
+    from selfspec.drafters.skip_config import SkipConfig, config_hash, user_config_path
+    from selfspec.models.loading import load_model
+
+    target = load_model(str(tiny_dir))
+    path = user_config_path(target.name)
+    SkipConfig(model=target.name, config_hash=config_hash(target.model), num_layers=3, skip_attention=(),
+               skip_mlp=(), draft_kernels="int8").save(path)
+    yield path
+    path.unlink()
+
+
+def pretend_draft_step_saved(target, directory: Path) -> Path:
+    """Write an empty file where self-spec's int8 one-token draft step of ``target`` would be saved
+    under ``directory`` (named on the compiled backend, whose attention is in the name); its path."""
+    from selfspec.kernels.int8 import compiled_layers
+    from selfspec.models import aot_step
+    from selfspec.models.compiled_step import MIN_CAPACITY
+
+    before = target.backend
+    target.use_kernels("compiled", keep=True)
+    try:
+        path = aot_step.artifact_paths(str(directory), target.model, [(1, MIN_CAPACITY, False)],
+                                       compiled_layers(target.model))[0]
+    finally:
+        target.use_kernels(before, keep=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    return path

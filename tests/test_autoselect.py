@@ -335,40 +335,28 @@ def spy_on_choose(monkeypatch) -> list[list[str]]:
     return seen
 
 
-def test_auto_leaves_out_a_compiled_candidate_whose_draft_step_is_not_saved(tiny_dir, tmp_path, monkeypatch):
+def test_auto_leaves_out_a_compiled_candidate_whose_draft_step_is_not_saved(tiny_dir, tmp_path, monkeypatch,
+                                                                            int8_draft_config):
     """auto compiles nothing, a draft step included: with every verify step saved (pretended) but
     self-spec's int8 draft step not, ``self-spec@compiled, draft int8`` is no candidate (building it
     would compile the draft step inside the calibration, half a minute on SmolLM2) while the other
     compiled candidates are; once its file is there (pretended; steps run eagerly), it is one."""
-    from selfspec.drafters.skip_config import SkipConfig, config_hash, user_config_path
-    from selfspec.kernels.int8 import layer_classes
-    from selfspec.models import aot_step
-    from selfspec.models.compiled_step import MIN_CAPACITY, StaticStep
+    from selfspec.models.compiled_step import StaticStep
+
+    from .conftest import pretend_draft_step_saved
 
     monkeypatch.setattr(selfspec.api, "compiled_ready", lambda target, methods: list(methods))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(StaticStep, "_step_for", lambda self, shape, kwargs: self.model.forward)
     target = load_model(str(tiny_dir), kernels="stock")
-    path = user_config_path(target.name)
-    SkipConfig(model=target.name, config_hash=config_hash(target.model), num_layers=3, skip_attention=(),
-               skip_mlp=(), draft_kernels="int8").save(path)
     seen = spy_on_choose(monkeypatch)
     label = "self-spec@compiled, draft int8"
-    try:
-        selfspec.load(target, method="auto", kernels="auto", self_test=False, remeasure=True)
-        assert label not in seen[-1] and "pld@compiled" in seen[-1], seen[-1]
-        assert "self-spec@stock, draft int8" in seen[-1]  # the eager int8 draft compiles nothing
-        before = target.backend
-        target.use_kernels("compiled", keep=True)  # the step's name has the compiled backend's attention
-        draft = aot_step.artifact_paths(str(tmp_path), target.model, [(1, MIN_CAPACITY, False)],
-                                        (layer_classes(target.model), True))[0]
-        target.use_kernels(before, keep=True)
-        draft.parent.mkdir(parents=True, exist_ok=True)
-        draft.write_bytes(b"")
-        selfspec.load(target, method="auto", kernels="auto", self_test=False, remeasure=True)
-        assert label in seen[-1], seen[-1]
-    finally:
-        path.unlink()
+    selfspec.load(target, method="auto", kernels="auto", self_test=False, remeasure=True)
+    assert label not in seen[-1] and "pld@compiled" in seen[-1], seen[-1]
+    assert "self-spec@stock, draft int8" in seen[-1]  # the eager int8 draft compiles nothing
+    pretend_draft_step_saved(target, tmp_path)
+    selfspec.load(target, method="auto", kernels="auto", self_test=False, remeasure=True)
+    assert label in seen[-1], seen[-1]
 
 
 def test_user_kernels_fix_the_kernels_and_a_user_method_fixes_the_method(tiny_dir, monkeypatch):

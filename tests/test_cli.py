@@ -457,58 +457,38 @@ def test_compile_list_runs_no_step_and_lists_every_block_each_method_verifies(ca
     assert shapes == [f"{b}x512" for b in (1, 2, 4, 8, 16, 32, 64, 128)], out
 
 
-def test_compile_list_lists_self_specs_missing_draft_step(capsys, tiny_dir, tmp_path, monkeypatch):
+def test_compile_list_lists_self_specs_missing_draft_step(capsys, tiny_dir, tmp_path, monkeypatch, int8_draft_config):
     """``selfspec compile --list`` names self-spec's int8 draft step while it is not saved (it was
     blind to it: a method whose verify steps were saved counted as ready, and auto then compiled the
     draft step while it chose), and not once its file is there (pretended); nothing compiles."""
-    from selfspec.drafters.skip_config import SkipConfig, config_hash, user_config_path
-    from selfspec.kernels.int8 import layer_classes
-    from selfspec.models import aot_step
-    from selfspec.models.compiled_step import MIN_CAPACITY, StaticStep
+    from selfspec.models.compiled_step import StaticStep
     from selfspec.models.loading import load_model
+
+    from .conftest import pretend_draft_step_saved
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(StaticStep, "forward", lambda *a, **kw: pytest.fail("ran a step"))
-    target = load_model(str(tiny_dir), kernels="compiled")
-    path = user_config_path(target.name)
-    SkipConfig(model=target.name, config_hash=config_hash(target.model), num_layers=3, skip_attention=(),
-               skip_mlp=(), draft_kernels="int8").save(path)
-    try:
-        code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "self-spec", "--list")
-        assert code == 0 and "self-spec (draft_kernels=int8): draft step to compile" in out, out
-        draft = aot_step.artifact_paths(str(tmp_path), target.model, [(1, MIN_CAPACITY, False)],
-                                        (layer_classes(target.model), True))[0]
-        draft.parent.mkdir(parents=True, exist_ok=True)
-        draft.write_bytes(b"")
-        code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "self-spec", "--list")
-        assert code == 0 and "draft step to compile" not in out, out
-    finally:
-        path.unlink()
+    code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "self-spec", "--list")
+    assert code == 0 and "self-spec (draft_kernels=int8): draft step to compile" in out, out
+    pretend_draft_step_saved(load_model(str(tiny_dir), kernels="compiled"), tmp_path)
+    code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "self-spec", "--list")
+    assert code == 0 and "draft step to compile" not in out, out
 
 
 @pytest.mark.matrix  # compiles steps: with the compiled backend's heavier tests
-def test_compile_saves_self_specs_int8_draft_step(capsys, tiny_dir):
+def test_compile_saves_self_specs_int8_draft_step(capsys, tiny_dir, int8_draft_config):
     """With a skip config whose draft is the whole model in int8, ``selfspec compile`` also saves
     self-spec's draft step (a one-token step over the int8 layers, a file of its own beside the
     verify step of the same shape); a draft on the verify kernels has none."""
     from pathlib import Path
 
-    from selfspec.drafters.skip_config import SkipConfig, config_hash, user_config_path
     from selfspec.models.compiled_step import compile_cache_dir
-    from selfspec.models.loading import load_model
 
-    target = load_model(str(tiny_dir))
-    path = user_config_path(target.name)
-    SkipConfig(model=target.name, config_hash=config_hash(target.model), num_layers=3, skip_attention=(),
-               skip_mlp=(), draft_kernels="int8").save(path)
-    try:
-        code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "self-spec")
-        assert code == 0 and "self-spec (draft_kernels=int8): draft step saved" in out, out
-        assert "draft_kernels=same" not in out
-        steps = list((Path(compile_cache_dir()) / "aot").glob("step-1x512-*.bin"))
-        assert len(steps) >= 2  # the verify step and the draft step of one-token blocks
-    finally:
-        path.unlink()
+    code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "self-spec")
+    assert code == 0 and "self-spec (draft_kernels=int8): draft step saved" in out, out
+    assert "draft_kernels=same" not in out
+    steps = list((Path(compile_cache_dir()) / "aot").glob("step-1x512-*.bin"))
+    assert len(steps) >= 2  # the verify step and the draft step of one-token blocks
 
 
 @pytest.mark.matrix  # compiles a step (half a minute): with the compiled backend's heavier tests

@@ -183,7 +183,7 @@ def test_the_draft_steps_file_is_named_without_building_it(tiny_dir, tmp_path, m
     with its layout). Negative controls: the verify step's name and the layers without the layout
     differ; options whose draft runs eagerly (a skip set, the verify kernels) have no step to miss."""
     from selfspec.drafters.self_spec import SelfSpecConfig, draft_step_missing
-    from selfspec.kernels.int8 import layer_classes
+    from selfspec.kernels.int8 import compiled_layers, layer_classes
     from selfspec.kernels.switch import LinearSwitch
     from selfspec.models import aot_step
     from selfspec.models.compiled_step import MIN_CAPACITY
@@ -192,7 +192,7 @@ def test_the_draft_steps_file_is_named_without_building_it(tiny_dir, tmp_path, m
     target = load_model(str(tiny_dir), kernels="compiled")  # compiles nothing until a step runs
     model = target.model
     shape = [(1, MIN_CAPACITY, False)]
-    named = aot_step.artifact_paths(str(tmp_path), model, shape, (layer_classes(model), True))[0]
+    named = aot_step.artifact_paths(str(tmp_path), model, shape, compiled_layers(model))[0]
     switch = LinearSwitch(model, "int8")
     assert switch.add_layout()
     with switch.active():

@@ -38,7 +38,7 @@ from ..core.tree import DraftTree
 from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
-from ..kernels.int8 import layer_classes as int8_layer_classes
+from ..kernels.int8 import compiled_layers as int8_compiled_layers
 from ..kernels.switch import DRAFT_KERNELS, LinearSwitch, layout_fits
 from ..models.adapter import build_mask
 from ..models.compiled_step import MIN_CAPACITY, StaticStep
@@ -366,7 +366,7 @@ def draft_step_missing(target, cfg: SelfSpecConfig) -> bool:
     kernels = "same" if kernels == target.backend else kernels
     if not _draft_steps(target, skip, draft_vocab_for(target, vocab) is None, kernels):
         return False
-    return bool(target.step.missing(MIN_CAPACITY, (1,), False, layers_as=(int8_layer_classes(target.model), True)))
+    return bool(target.step.missing(MIN_CAPACITY, (1,), False, layers_as=int8_compiled_layers(target.model)))
 
 
 def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:

@@ -371,6 +371,12 @@ def layer_classes(model: nn.Module) -> set[type]:
     return ({Int8GroupMember} if groups else set()) | ({Int8Linear} if rest else set())
 
 
+def compiled_layers(model: nn.Module) -> tuple[set[type], bool]:
+    """What names a compiled step over ``model``'s int8 layers with their few-row layout (the
+    self-spec draft step): ``aot_step.artifact_paths``' ``layers_as``."""
+    return layer_classes(model), True
+
+
 def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> None:
     """Swap every linear layer of ``model`` (the LM head too) for int8: sibling groups for
     ``q/k/v_proj`` and ``gate/up_proj``, :class:`Int8Linear` for the rest."""
