@@ -363,8 +363,7 @@ def sibling_groups(model: nn.Module) -> list[tuple[nn.Module, tuple[str, ...], l
 
 def layer_classes(model: nn.Module) -> set[type]:
     """The classes :func:`apply` puts in ``model``'s linear slots, found without quantising anything
-    (quantising takes seconds even on SmolLM2): what names a compiled step over the int8 layers (the
-    self-spec draft step's saved file, ``aot_step.artifact_paths``)."""
+    (seconds even on SmolLM2)."""
     groups = sibling_groups(model)
     grouped = {id(o) for _, _, originals in groups for o in originals}
     rest = [child for _, _, child in linear_layers(model) if id(original_of(child)) not in grouped]
@@ -373,7 +372,7 @@ def layer_classes(model: nn.Module) -> set[type]:
 
 def compiled_layers(model: nn.Module) -> tuple[set[type], bool]:
     """What names a compiled step over ``model``'s int8 layers with their few-row layout (the
-    self-spec draft step): ``aot_step.artifact_paths``' ``layers_as``."""
+    self-spec draft step's saved file): ``aot_step.artifact_paths``' ``layers_as``."""
     return layer_classes(model), True
 
 
