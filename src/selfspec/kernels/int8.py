@@ -371,8 +371,7 @@ def layer_classes(model: nn.Module) -> set[type]:
 
 
 def compiled_layers(model: nn.Module) -> tuple[set[type], bool]:
-    """What names a compiled step over ``model``'s int8 layers with their few-row layout (the
-    self-spec draft step's saved file): ``aot_step.artifact_paths``' ``layers_as``."""
+    """``aot_step.artifact_paths``' ``layers_as`` for ``model``'s int8 layers with the few-row layout."""
     return layer_classes(model), True
 
 
