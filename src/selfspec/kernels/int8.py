@@ -362,8 +362,7 @@ def sibling_groups(model: nn.Module) -> list[tuple[nn.Module, tuple[str, ...], l
 
 
 def layer_classes(model: nn.Module) -> set[type]:
-    """The classes :func:`apply` puts in ``model``'s linear slots, found without quantising anything
-    (seconds even on SmolLM2)."""
+    """The classes :func:`apply` puts in ``model``'s linear slots, found without quantising (seconds)."""
     groups = sibling_groups(model)
     grouped = {id(o) for _, _, originals in groups for o in originals}
     rest = [child for _, _, child in linear_layers(model) if id(original_of(child)) not in grouped]
