@@ -22,7 +22,7 @@ EDGES = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01)
 
 def main() -> None:
     from selfspec.bench.datasets import load_dataset
-    from selfspec.kernels.switch import LinearSwitch
+    from selfspec.kernels.switch import DraftLayers
     from selfspec.models.loading import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,7 +37,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     m = load_model(a.model, kernels=a.kernels)
     model, tok = m.model, m.tokenizer
-    draft = LinearSwitch(model, "int8")
+    draft = DraftLayers(model, "int8").model  # the int8 draft's module tree
     result = {"model": a.model, "draft": "whole model, int8 weights", "kernels": a.kernels, "sets": {}}
     for ds in a.datasets.split(","):
         counts = [[0, 0] for _ in EDGES[:-1]]  # [accepted, drafted] per band
@@ -47,8 +47,7 @@ def main() -> None:
             ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
             with torch.no_grad():
                 out = model.generate(ids, max_new_tokens=a.max_new_tokens, do_sample=False)
-                with draft.active():
-                    logits = model(out).logits[0]
+                logits = draft(out).logits[0]
             for t in range(ids.shape[1] - 1, out.shape[1] - 1):
                 q = logits[t].softmax(-1)
                 x = int(q.argmax())

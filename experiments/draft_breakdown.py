@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import time
-from contextlib import nullcontext
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -31,10 +30,10 @@ import selfspec
 from selfspec.bench.datasets import builtin
 from selfspec.core import kv_cache
 from selfspec.decoding.text import encode_prompt
-from selfspec.drafters.self_spec import draft_forward
+from selfspec.drafters.skip_draft import draft_forward
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
-from selfspec.models.skipping import SkipSet, skip_sublayers
+from selfspec.models.skipping import SkipSet, skipped
 
 GROUPS = {
     "matmuls (LM head, head layer)": ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
@@ -108,11 +107,10 @@ def main() -> None:
     base = len(ids) - 1
 
     def one_token(d=None) -> float:
-        skip = d.skip if d is not None else SkipSet()
-        sw = d.switch.active() if d is not None and d.switch is not None else nullcontext()
-        with torch.no_grad(), skip_sublayers(model, skip), sw:
+        draft = d.draft_model if d is not None else skipped(model, SkipSet())
+        with torch.no_grad():
             t0 = time.perf_counter()
-            draft_forward(model, cache, [ids[-1]], base, lm_head=None if d is None else d.lm_head)
+            draft_forward(draft, cache, [ids[-1]], base, lm_head=None if d is None else d.lm_head)
             dt = time.perf_counter() - t0
         kv_cache.truncate(cache, base)
         return dt
@@ -138,7 +136,7 @@ def main() -> None:
     result = {"model": a.model, "kernels": target.backend, "reps": a.reps, "T1_ms": round(t1 * 1e3, 2),
               "ms": {k: round(v * 1e3, 2) for k, v in med.items()},
               "in_T1": {k: round(v / t1, 3) for k, v in med.items()}, "hass_levels": levels,
-              "int8_draft_extra_bytes": next(iter(d.switch.extra_bytes for d in spec.values() if d.switch))}
+              "int8_draft_extra_bytes": next(iter(d.layers.extra_bytes for d in spec.values() if d.layers))}
     for k in med:
         print(f"{k:55s} {med[k] * 1e3:8.2f} ms  {med[k] / t1:6.3f} T(1)", flush=True)
     # where a hass level's time goes, per draft vocabulary size

@@ -154,11 +154,10 @@ def rows(rounds: int, context: int = 150) -> dict:
 
     g = selfspec.load(method="self-spec", kernels="compiled", draft_kernels="int8")
     drafter = g.controller.drafter
-    draft, switch, step = drafter.draft_step, drafter.switch, g.target.step
+    draft, step = drafter.draft_step, g.target.step
     if draft is None:
         return {"skipped": "no compiled int8 draft step here"}
-    with switch.active():
-        draft.warm_up(MIN_CAPACITY, (1, 2, 4), False)  # the 2- and 4-row draft steps compile once
+    draft.warm_up(MIN_CAPACITY, (1, 2, 4), False)  # the 2- and 4-row draft steps compile once
     step.warm_up(MIN_CAPACITY, (1, 2, 4), False)
     cache = step.take_cache(MIN_CAPACITY)
     ms: dict[str, list[float]] = collections.defaultdict(list)
@@ -167,9 +166,8 @@ def rows(rounds: int, context: int = 150) -> dict:
         for _ in range(rounds):
             for q in (1, 2, 3, 4):
                 ids, pos = torch.arange(1, q + 1), torch.arange(context, context + q)
-                with switch.active():
-                    ms[f"draft {q}"].append(_median_ms(lambda i=ids, p=pos: draft.forward(cache, i, p, None, False,
-                                                                                          base=context), 10))
+                ms[f"draft {q}"].append(_median_ms(lambda i=ids, p=pos: draft.forward(cache, i, p, None, False,
+                                                                                      base=context), 10))
                 ms[f"verify {q}"].append(_median_ms(lambda i=ids, p=pos: step.forward(cache, i, p, None, False,
                                                                                      base=context), 10))
     step.give_back(cache)

@@ -31,8 +31,7 @@ def main() -> None:
     texts = heldback_code(args.limit)
     results, ref = {}, None
     for backend in args.kernels.split(","):
-        target.use_kernels(backend)
-        res, preds = perplexity(target.model, target.tokenizer, texts, ref, desc=backend)
+        res, preds = perplexity(target.runner(backend).model, target.tokenizer, texts, ref, desc=backend)
         if backend == "stock":
             ref = preds
         results[backend] = asdict(res)

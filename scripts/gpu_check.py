@@ -109,7 +109,7 @@ def make_model(shape: dict, device: str, dtype: torch.dtype, seed: int = 0, scal
 def loaded(model, name: str):
     from selfspec.models.loading import LoadedModel
 
-    return LoadedModel(model=model, tokenizer=None, name=name, path=None)
+    return LoadedModel(model=model, tokenizer=None, name=name, path=None).runner("stock")
 
 
 def median_of(values: list[float]) -> float:

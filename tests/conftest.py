@@ -217,17 +217,13 @@ def int8_draft_config(tiny_dir):
 def pretend_draft_step_saved(target, directory: Path) -> Path:
     """Write an empty file where self-spec's int8 one-token draft step of ``target`` would be saved
     under ``directory`` (named on the compiled backend, whose attention is in the name); its path."""
-    from selfspec.kernels.int8 import compiled_layers
+    from selfspec.kernels.int8 import layer_classes
     from selfspec.models import aot_step
     from selfspec.models.compiled_step import MIN_CAPACITY
 
-    before = target.backend
-    target.use_kernels("compiled", keep=True)
-    try:
-        path = aot_step.artifact_paths(str(directory), target.model, [(1, MIN_CAPACITY, False)],
-                                       compiled_layers(target.model))[0]
-    finally:
-        target.use_kernels(before, keep=True)
+    compiled = target.runner("compiled")
+    path = aot_step.artifact_paths(str(directory), compiled.model, [(1, MIN_CAPACITY, False)],
+                                   linears=layer_classes(compiled.model), layout=True)[0]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
     return path

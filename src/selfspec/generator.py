@@ -24,7 +24,7 @@ from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
 from .errors import SelfspecError
 from .models.compiled_step import capacity_for
-from .models.loading import LoadedModel
+from .models.runner import Runner
 
 log = logging.getLogger("selfspec.auto")
 
@@ -113,14 +113,14 @@ class CompiledFallback:
 
 
 class SpeculativeGenerator:
-    """A target model plus one method. Not thread-safe: one request at a time.
+    """A verify runner plus one method. One request at a time per generator; several generators
+    over one loaded model may run at once (in threads), each on runners of its own configuration,
+    which nothing switches: each gives exactly its solo output.
 
-    It runs on the kernels backend the target had when it was built: if the same loaded model
-    was switched to another backend since (e.g. by another generator), it switches back; and on
-    ``threads`` torch CPU threads when set (restored after each request).
+    It runs on ``threads`` torch CPU threads when set (restored after each request).
     """
 
-    def __init__(self, target: LoadedModel, method: str, drafter, lossless: bool, threads: int | None = None,
+    def __init__(self, target: Runner, method: str, drafter, lossless: bool, threads: int | None = None,
                  clock: Clock = now) -> None:
         self.target = target
         # the drafter, the clock every step is timed on (tests inject a fake one), the cost
@@ -246,8 +246,6 @@ class SpeculativeGenerator:
         the request (nothing is left behind). ``gen_kwargs`` are :class:`GenerationConfig` fields;
         ``last_result`` is set once the loop ends."""
         cfg = GenerationConfig(**gen_kwargs)
-        if self.target.backend != self.kernels:
-            self.target.use_kernels(self.kernels, keep=True)
         other = self._instead(prompt, cfg, chat)
         self.last_method = other.method if other is not None else self.method
         if other is not None:

@@ -25,6 +25,5 @@ def test_perplexity_against_itself_and_int8(tiny_dir):
     assert math.isclose(ref.perplexity, math.exp(ref.nll)) and ref.top1_agree is None
     same, _ = perplexity(t.model, tok, texts, preds)
     assert same.top1_agree == 1.0 and same.nll == ref.nll
-    t.use_kernels("int8")
-    q, _ = perplexity(t.model, tok, texts, preds)
+    q, _ = perplexity(t.runner("int8").model, tok, texts, preds)
     assert q.nll != ref.nll and 0.0 <= q.top1_agree <= 1.0

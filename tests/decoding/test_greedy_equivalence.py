@@ -421,7 +421,7 @@ def test_reduced_draft_vocab_and_int8_drafts_match_generate(target, references, 
     vocab = getattr(g.drafter.lm_head, "vocab", None)
     assert (vocab is None) == (subset is None)
     if opts.get("draft_kernels") in ("int8", "bf16") and target.backend != opts["draft_kernels"]:
-        assert g.drafter.switch is not None and g.drafter.switch.extra_bytes > 0
+        assert g.drafter.layers is not None and g.drafter.layers.extra_bytes > 0
     # on the compiled backend the whole-model int8 draft with its own LM head runs through its own compiled
     # one-token step; every other draft runs eagerly
     compiled_draft = target.backend == "compiled" and case == "self-spec-int8-full-vocab"

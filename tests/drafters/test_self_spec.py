@@ -147,7 +147,7 @@ def test_whole_model_int8_draft_runs_through_its_own_step_on_the_compiled_backen
     not how fast), on the request's static cache, under the int8 layers; ids are ``ar``'s on the
     same backend. Negative controls: a skip set or a reduced draft vocabulary keeps the eager draft."""
     from selfspec.models.compiled_step import StaticStep
-    from selfspec.models.loading import LoadedModel
+    from selfspec.models.loading import LoadedModel, Runner
 
     from ..conftest import VOCAB, write_draft_ranking
 
@@ -155,15 +155,16 @@ def test_whole_model_int8_draft_runs_through_its_own_step_on_the_compiled_backen
     base = load_model(str(tiny_dir), kernels="stock")
     write_draft_ranking("tiny-draft-step", VOCAB, list(range(0, VOCAB, 2)))
 
-    def on_compiled() -> LoadedModel:
-        return LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-draft-step", path=None,
-                           backend="compiled", _step=StaticStep(base.model, compile=False))
+    def on_compiled() -> Runner:
+        named = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-draft-step", path=None)
+        return Runner(named, base.model, "compiled", _step=StaticStep(base.model, compile=False))
 
     ref = selfspec.load(on_compiled(), "ar", self_test=False).generate(prompt_ids(0, 8), max_new_tokens=12).token_ids
     g = selfspec.load(on_compiled(), "self-spec", self_test=False, skip_attention=(), skip_mlp=(), k=3, auto_k=False,
                       draft_kernels="int8", draft_vocab=0)
     step = g.drafter.draft_step
-    assert step is not None and step is not g.target.step and g.drafter.switch.extra_bytes > 0
+    assert step is not None and step is not g.target.step and g.drafter.layers.extra_bytes > 0
+    assert step.model is g.drafter.layers.model is g.drafter.draft_model and step.model is not g.target.model
     calls = []
     real = step.forward
     monkeypatch.setattr(step, "forward", lambda cache, ids, *a, **kw: calls.append(ids.numel()) or real(
@@ -178,13 +179,13 @@ def test_whole_model_int8_draft_runs_through_its_own_step_on_the_compiled_backen
 
 def test_the_draft_steps_file_is_named_without_building_it(tiny_dir, tmp_path, monkeypatch):
     """Whether self-spec's int8 draft step is saved is told without quantising the model (seconds on
-    SmolLM2, which ``auto`` would pay at every load): the file named from the classes the int8 switch
-    would install is the one the step saves under (the name the model gets under the built switch
-    with its layout). Negative controls: the verify step's name and the layers without the layout
-    differ; options whose draft runs eagerly (a skip set, the verify kernels) have no step to miss."""
+    SmolLM2, which ``auto`` would pay at every load): the file named from the classes the int8 draft
+    layers would have is the one the step of the built draft's module tree saves under (with its
+    layout). Negative controls: the verify step's name and the layers without the layout differ;
+    options whose draft runs eagerly (a skip set, the verify kernels) have no step to miss."""
     from selfspec.drafters.self_spec import SelfSpecConfig, draft_step_missing
-    from selfspec.kernels.int8 import compiled_layers, layer_classes
-    from selfspec.kernels.switch import LinearSwitch
+    from selfspec.kernels.int8 import layer_classes
+    from selfspec.kernels.switch import DraftLayers
     from selfspec.models import aot_step
     from selfspec.models.compiled_step import MIN_CAPACITY
 
@@ -192,14 +193,13 @@ def test_the_draft_steps_file_is_named_without_building_it(tiny_dir, tmp_path, m
     target = load_model(str(tiny_dir), kernels="compiled")  # compiles nothing until a step runs
     model = target.model
     shape = [(1, MIN_CAPACITY, False)]
-    named = aot_step.artifact_paths(str(tmp_path), model, shape, compiled_layers(model))[0]
-    switch = LinearSwitch(model, "int8")
-    assert switch.add_layout()
-    with switch.active():
-        built = aot_step.artifact_paths(str(tmp_path), model, shape)[0]
+    named = aot_step.artifact_paths(str(tmp_path), model, shape, linears=layer_classes(model), layout=True)[0]
+    draft = DraftLayers(model, "int8")
+    assert draft.add_layout()
+    built = aot_step.artifact_paths(str(tmp_path), draft.model, shape)[0]
     assert named == built
     assert aot_step.artifact_paths(str(tmp_path), model, shape)[0] != built  # the verify step's
-    assert aot_step.artifact_paths(str(tmp_path), model, shape, (layer_classes(model), False))[0] != built
+    assert aot_step.artifact_paths(str(tmp_path), model, shape, linears=layer_classes(model))[0] != built
 
     int8_draft = SelfSpecConfig(skip_attention=(), skip_mlp=(), draft_kernels="int8")
     assert draft_step_missing(target, int8_draft)

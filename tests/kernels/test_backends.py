@@ -9,7 +9,7 @@ import torch
 
 from selfspec.core.cost import profile_key, profile_path
 from selfspec.errors import SelfspecError
-from selfspec.kernels import KERNELS, apply_kernels, current_backend
+from selfspec.kernels import KERNELS, current_backend
 from selfspec.kernels.auto import candidates, choose
 from selfspec.kernels.onednn import available as onednn_available
 from selfspec.models.loading import load_model
@@ -20,10 +20,11 @@ def test_onednn_is_the_same_model_up_to_rounding(tiny_dir):
     t = load_model(str(tiny_dir))
     ids = torch.tensor([[5, 9, 11, 4, 30, 7]])
     ref = t.model(input_ids=ids).logits
-    t.use_kernels("onednn")
-    assert current_backend(t.model) == "onednn"
-    got = t.model(input_ids=ids).logits
+    o = t.runner("onednn")
+    assert current_backend(o.model) == "onednn" and current_backend(t.model) == "stock"  # the stock runner unchanged
+    got = o.model(input_ids=ids).logits
     assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4)
+    assert torch.equal(t.model(input_ids=ids).logits, ref)
 
 
 def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir, monkeypatch):
@@ -31,19 +32,19 @@ def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir, monkeypatch)
 
     t = load_model(str(tiny_dir))
     assert set(candidates(t.model)) <= {"stock", "onednn"}
-    choice = choose(t.model, "tiny")
+    choice = choose(t.model, "tiny", lambda k: t.runner(k).model)
     assert choice in candidates(t.model)
     path = profile_path(profile_key(t.model, "tiny", "auto-choice"))
     if len(candidates(t.model)) > 1:
         saved = json.loads(path.read_text())
         assert saved["backend"] == choice and set(saved["seconds"]) == set(candidates(t.model))
-    assert t.use_kernels("auto") in candidates(t.model)
+    assert load_model(str(tiny_dir), kernels="auto").backend in candidates(t.model)
 
     def no_timing(model, name):
         raise AssertionError("a cached choice must not be measured again")
 
     monkeypatch.setattr(auto, "quick_cost", no_timing)
-    assert choose(t.model, "tiny") == choice  # the cached choice, not a new measurement
+    assert choose(t.model, "tiny", lambda k: t.runner(k).model) == choice  # the cached choice, not a new measurement
 
 
 def test_auto_remeasures_a_corrupt_choice(tiny_dir, monkeypatch):
@@ -58,7 +59,7 @@ def test_auto_remeasures_a_corrupt_choice(tiny_dir, monkeypatch):
     monkeypatch.setattr(auto, "quick_cost", lambda model, name: timed.append(1) or 0.1)
     for bad in ("{oops", json.dumps({"backend": "warp"}), json.dumps(["stock"])):
         path.write_text(bad)
-        assert choose(t.model, "tiny-corrupt") in candidates(t.model)
+        assert choose(t.model, "tiny-corrupt", lambda k: t.runner(k).model) in candidates(t.model)
     assert len(timed) == 3 * auto.ROUNDS * len(candidates(t.model))  # measured again each time
     assert json.loads(path.read_text())["backend"] in candidates(t.model)
 
@@ -77,7 +78,7 @@ def test_unknown_kernels_are_refused(tiny_dir):
         load_model(str(tiny_dir), kernels="fast")
     t = load_model(str(tiny_dir))
     with pytest.raises(SelfspecError, match="unknown kernels"):
-        apply_kernels(t.model, "int4")
+        t.runner("int4")
     assert KERNELS == ("auto", "stock", "onednn", "int8", "compiled")
 
 
@@ -98,17 +99,30 @@ def test_release_fp32_keeps_outputs_and_pins_the_backend(tiny_dir):
     ref = load_model(str(tiny_dir), kernels="int8")
     t = load_model(str(tiny_dir), kernels="int8", release_fp32=True)
     assert torch.equal(t.model(input_ids=ids).logits, ref.model(input_ids=ids).logits)
-    assert t.use_kernels("int8") == "int8"
+    assert t.runner("int8") is t and t.base.only == "int8"
     with pytest.raises(SelfspecError, match="fp32 weights were released"):
-        t.use_kernels("stock")
+        t.runner("stock")
+    assert all(m.weight.numel() == 0 for m in t.base.model.modules()
+               if isinstance(m, torch.nn.Linear) and m is not t.base.model.get_output_embeddings())
 
 
-def test_auto_from_int8_times_each_candidate_as_it_runs(tiny_dir):
+@torch.inference_mode()
+def test_building_a_runner_leaves_the_others_as_they_are(tiny_dir):
+    """Each runner has a module tree of its own over the same weights: building another backend's
+    runner changes neither the layers nor the attention function of one built before, nor the
+    loaded model's stock tree; the same backend gives the same runner."""
+    from selfspec.kernels.swap import linear_layers
+
     t = load_model(str(tiny_dir), kernels="int8")
-    choice = t.use_kernels("auto")
-    assert choice in candidates(t.model)
-    assert t.model.config._attn_implementation != "selfspec_rowwise"
-    assert current_backend(t.model) == choice
+    before = [m for _, _, m in linear_layers(t.model)]
+    o = t.runner("onednn")
+    assert t.model.config._attn_implementation == "selfspec_rowwise" and current_backend(t.model) == "int8"
+    assert [m for _, _, m in linear_layers(t.model)] == before
+    assert current_backend(o.model) == "onednn" and o.model.config._attn_implementation != "selfspec_rowwise"
+    assert current_backend(t.base.model) == "stock" and t.base.model.config._attn_implementation == "sdpa"
+    assert t.runner("onednn") is o and o.runner("int8") is t
+    shared = {p.data_ptr() for p in t.base.model.parameters()}
+    assert {p.data_ptr() for p in o.model.parameters()} <= shared  # no copy of the weights as parameters
 
 
 @torch.inference_mode()
@@ -129,7 +143,7 @@ def test_compiled_runs_the_onednn_layers_where_onednn_runs(tiny_dir):
         assert len(packed) == 1
         assert [getattr(attn, n).start for n in SIBLINGS[0]] == [0, attn.q_proj.out_features,
                                                                   attn.q_proj.out_features + attn.k_proj.out_features]
-    assert t.use_kernels("stock") == "stock" and current_backend(t.model) == "stock"
+    assert current_backend(t.runner("stock").model) == "stock" and t.backend == "compiled"
     b = load_model(str(tiny_dir), dtype="bfloat16", kernels="compiled")
     assert all(isinstance(m, torch.nn.Linear) for _, _, m in linear_layers(b.model))
 
@@ -181,27 +195,21 @@ def test_siblings_share_one_product_in_the_compiled_step(tiny_qwen_dir):
 
 
 @pytest.mark.skipif(onednn_available(torch.device("cpu"), torch.float32) is not None, reason="no oneDNN here")
-def test_switching_without_keep_reuses_the_kept_layers_then_frees_the_rest(tiny_dir):
-    """``auto`` tries backends keeping their layers, then switches to its choice without keeping:
-    that switch reuses the layers kept for the choice (their packed and blocked copies are not made
-    again) and frees the others'; a switch with nothing kept converts (negative control)."""
-    from selfspec.kernels.swap import linear_layers
-
+def test_keep_only_frees_the_runners_not_chosen(tiny_dir):
+    """``auto`` builds a runner per candidate backend, then keeps its choice: the others are dropped
+    (their packed copies freed once nothing holds them); the kept one is the same object."""
     t = load_model(str(tiny_dir))
-    t.use_kernels("compiled", keep=True)
-    tried = [m for _, _, m in linear_layers(t.model)]
-    t.use_kernels("onednn", keep=True)
-    t.use_kernels("compiled")
-    assert all(a is b for a, b in zip(tried, (m for _, _, m in linear_layers(t.model))))
-    assert t.kernel_state.kept == {}
-    t.use_kernels("stock")
-    t.use_kernels("compiled")
-    assert not any(a is b for a, b in zip(tried, (m for _, _, m in linear_layers(t.model))))
+    compiled = t.runner("compiled")
+    t.runner("onednn")
+    assert set(t.base.built()) == {"stock", "compiled", "onednn"}
+    t.base.keep_only("compiled")
+    assert t.base.built() == ["compiled"] and t.runner("compiled") is compiled
+    assert t.runner("onednn").model is not None and set(t.base.built()) == {"compiled", "onednn"}  # built anew
 
 
-def test_no_room_for_the_few_row_layout_is_said_once_per_model(tiny_dir, monkeypatch, caplog):
+def test_no_room_for_the_few_row_layout_is_said_once_per_runner(tiny_dir, monkeypatch, caplog):
     """Where free memory cannot hold the few-row copy, the compiled backend keeps oneDNN and says so
-    once for the model, not at every switch back to it (the benchmark switches once per prompt)."""
+    when its runner is built, once: asking for the runner again builds nothing."""
     import logging
     from types import SimpleNamespace
 
@@ -213,12 +221,12 @@ def test_no_room_for_the_few_row_layout_is_said_once_per_model(tiny_dir, monkeyp
     t = load_model(str(tiny_dir))
     with caplog.at_level(logging.INFO, logger="selfspec.kernels"):
         for kernels in ("compiled", "stock", "compiled", "onednn", "compiled"):
-            t.use_kernels(kernels, keep=True)
+            t.runner(kernels)
     said = [r for r in caplog.records if "few-token steps of the compiled backend use oneDNN" in r.getMessage()]
     assert len(said) == 1 and not said[0].getMessage().startswith("selfspec:")
     other = load_model(str(tiny_dir))  # another model: its own note
     with caplog.at_level(logging.INFO, logger="selfspec.kernels"):
-        other.use_kernels("compiled")
+        other.runner("compiled")
     assert len([r for r in caplog.records if "few-token steps" in r.getMessage()]) == 2
 
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from selfspec.kernels import bf16
 from selfspec.kernels.backends import convert_linear
-from selfspec.kernels.switch import LinearSwitch, draft_precisions
+from selfspec.kernels.switch import DraftLayers, draft_precisions
 from selfspec.models.loading import load_model
 
 
@@ -41,17 +41,16 @@ def test_draft_precisions_here_always_include_same_and_int8():
     assert ("bf16" in usable) != ("bf16" in left_out)
 
 
-def test_linear_switch_swaps_bf16_layers_in_and_out(tiny):
+def test_draft_layers_run_bf16_beside_the_untouched_model(tiny):
     model = tiny.model
     before = [type(m) for m in model.modules()]
-    sw = LinearSwitch(model, "bf16")
-    assert sw.extra_bytes > 0
+    draft_layers = DraftLayers(model, "bf16")
+    assert draft_layers.extra_bytes > 0
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         ref = model(ids).logits
-        with sw.active():
-            assert any(isinstance(m, bf16.Bf16Linear) for m in model.modules())
-            draft = model(ids).logits
+        assert any(isinstance(m, bf16.Bf16Linear) for m in draft_layers.model.modules())
+        draft = draft_layers.model(ids).logits
         again = model(ids).logits
     assert [type(m) for m in model.modules()] == before
     assert torch.equal(again, ref)  # verification is untouched

@@ -144,15 +144,15 @@ def test_tree_rows_bit_identical_to_their_paths_tiny(tiny_dir):
 
 
 @torch.inference_mode()
-def test_switching_back_to_stock_restores_the_model(tiny_dir):
+def test_the_int8_runner_leaves_the_stock_runner_as_it_is(tiny_dir):
     t = load_model(str(tiny_dir))
     ids = torch.tensor([[5, 9, 11, 4, 30]])
     before = t.model(input_ids=ids).logits
-    assert t.use_kernels("int8") == "int8"
-    quantised = t.model(input_ids=ids).logits
+    q = t.runner("int8")
+    assert q.backend == "int8"
+    quantised = q.model(input_ids=ids).logits
     assert not torch.equal(before, quantised)
-    assert t.use_kernels("stock") == "stock"
-    assert t.model.config._attn_implementation == "sdpa"
+    assert t.backend == "stock" and t.model.config._attn_implementation == "sdpa"
     assert torch.equal(t.model(input_ids=ids).logits, before)
 
 
@@ -180,10 +180,11 @@ def test_int8_promise_holds_here_or_falls_back_to_stock(tiny_dir, caplog):
     from selfspec.models.selftest import keep_int8_promise
 
     t = load_model(str(tiny_dir), kernels="int8")
-    assert keep_int8_promise(t) == "int8" and t.backend == "int8"  # the real probe on this machine
-    assert keep_int8_promise(t, probe=lambda m: 3e-7) == "stock" and t.backend == "stock"
+    assert keep_int8_promise(t) is t  # the real probe on this machine
+    stock = keep_int8_promise(t, probe=lambda m: 3e-7)
+    assert stock.backend == "stock" and stock is t.runner("stock") and t.backend == "int8"
     assert "not bit-identical" in caplog.text and "stock" in caplog.text
-    assert keep_int8_promise(t, probe=lambda m: 1.0) == "stock"  # nothing to check on stock
+    assert keep_int8_promise(stock, probe=lambda m: 1.0) is stock  # nothing to check on stock
 
 
 @pytest.mark.real_model
@@ -195,4 +196,4 @@ def test_int8_promise_probe_catches_batched_attention(tiny_dir):
 
     t = load_model(bundled_path("smollm2-135m-instruct"), kernels="int8")
     t.model.set_attn_implementation("sdpa")
-    assert keep_int8_promise(t) == "stock"
+    assert keep_int8_promise(t).backend == "stock"

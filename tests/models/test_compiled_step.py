@@ -353,8 +353,7 @@ def test_saved_steps_are_kept_per_linear_layer_kind(tiny_dir, tmp_path):
 
     t = load_model(str(tiny_dir), kernels="compiled")
     on_onednn = aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False))
-    t.use_kernels("stock")
-    assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != on_onednn
+    assert aot_step.artifact_path(str(tmp_path), t.runner("stock").model, (1, 512, False)) != on_onednn
 
 
 def test_saved_steps_are_kept_per_torch_install(tiny_dir, tmp_path, monkeypatch):
@@ -424,7 +423,7 @@ def test_cost_sized_drafts_on_compiled_are_priced_by_the_step(tiny_dir, tmp_path
     """A cost-sized drafter on the compiled backend loads a profile timed through the padded static
     step (here run eagerly, ``compile=False``: what it runs, not how fast), with the hidden states it
     verifies with; on another backend, through the eager forward (negative control)."""
-    from selfspec.models.loading import LoadedModel
+    from selfspec.models.loading import LoadedModel, Runner
 
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
     base = load_model(str(tiny_dir), kernels="stock")
@@ -433,8 +432,8 @@ def test_cost_sized_drafts_on_compiled_are_priced_by_the_step(tiny_dir, tmp_path
     real = step.forward
     monkeypatch.setattr(step, "forward", lambda cache, ids, *a, **kw: blocks.append((ids.numel(), a[2])) or real(
         cache, ids, *a, **kw))
-    t = LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-priced", path=None, backend="compiled",
-                    _step=step)
+    t = Runner(LoadedModel(model=base.model, tokenizer=base.tokenizer, name="tiny-priced", path=None), base.model,
+               "compiled", _step=step)
     g = selfspec.load(t, "pld", self_test=False)  # auto_k: sized from the profile
     prof = g.drafter.sizer.profile
     assert prof is not None and prof.key == t.cost_key and "compiled+step" in prof.key
@@ -450,7 +449,7 @@ def test_every_block_a_method_prices_is_compiled_ahead(tiny_dir, tmp_path, monke
     block sizes whose padded step ``selfspec compile`` saves (``registry.compiled_blocks``), so
     neither ``auto``'s calibration nor a request compiles one: msn prices its whole 69-node tree,
     a 128-row step. Negative control: 64-row steps, every method's but msn's largest, miss it."""
-    from selfspec.models.loading import LoadedModel
+    from selfspec.models.loading import LoadedModel, Runner
     from selfspec.registry import METHODS, compiled_blocks
 
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
@@ -463,8 +462,8 @@ def test_every_block_a_method_prices_is_compiled_ahead(tiny_dir, tmp_path, monke
     built = {}
     for name in METHODS:
         blocks.clear()
-        t = LoadedModel(model=base.model, tokenizer=base.tokenizer, name=f"tiny-{name}", path=None,
-                        backend="compiled", _step=step)
+        t = Runner(LoadedModel(model=base.model, tokenizer=base.tokenizer, name=f"tiny-{name}", path=None),
+                   base.model, "compiled", _step=step)
         try:
             selfspec.load(t, name, self_test=False)
         except SelfspecError:  # needs an artefact the tiny model has not (a head, a fine-tune)

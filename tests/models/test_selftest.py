@@ -30,8 +30,7 @@ def test_a_passed_self_test_is_read_back_until_what_it_ran_on_changes(tiny_dir, 
     worst = selftest.cached_tree_self_test(t)
     assert len(counted) == 1 and worst < 1e-3
     assert selftest.cached_tree_self_test(load_model(str(model_dir))) == worst and len(counted) == 1  # read back
-    t.use_kernels("onednn")  # another backend: tested again
-    selftest.cached_tree_self_test(t)
+    selftest.cached_tree_self_test(t.runner("onednn"))  # another backend: tested again
     assert len(counted) == 2
     weights = next(model_dir.glob("*.safetensors"))
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # new weights
@@ -42,7 +41,7 @@ def test_a_passed_self_test_is_read_back_until_what_it_ran_on_changes(tiny_dir, 
 def test_a_model_without_files_and_a_failure_are_never_recorded(tiny_dir, tmp_path, monkeypatch, counted):
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
     t = load_model(str(tiny_dir))
-    in_memory = LoadedModel(model=t.model, tokenizer=t.tokenizer, name="mem", path=None)
+    in_memory = LoadedModel(model=t.model, tokenizer=t.tokenizer, name="mem", path=None).runner("stock")
     selftest.cached_tree_self_test(in_memory)
     selftest.cached_tree_self_test(in_memory)
     assert len(counted) == 2 and selftest.self_test_key(in_memory) is None

@@ -44,14 +44,14 @@ def target():
     with torch.no_grad():  # milder logits than the shared fixture: many sequences have mass
         model.lm_head.weight.mul_(0.4)
     model.to(TEST_DEVICE)
-    return LoadedModel(model=model, tokenizer=None, name="tiny-v6", path=None)
+    return LoadedModel(model=model, tokenizer=None, name="tiny-v6", path=None).runner("stock")
 
 
 @pytest.fixture(scope="module")
 def compiled_target(target):
     """The same model on the ``compiled`` backend (its static-shape verify step under
     ``torch.compile``): sampling through it must draw from the same exact distribution."""
-    return LoadedModel(model=target.model, tokenizer=None, name="tiny-v6", path=None, backend="compiled")
+    return target.runner("compiled")
 
 
 def _probs(model, warper: Warper, ids: list[int]) -> torch.Tensor:

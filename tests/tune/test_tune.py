@@ -115,7 +115,7 @@ def test_tune_under_int8_drafts_and_a_reduced_vocab(tiny_dir, tmp_path, calib, c
     cfg = json.loads((tmp_path / "skip.json").read_text())
     assert cfg["draft_kernels"] == "int8" and cfg["draft_vocab"] == 32
     g = selfspec.load(target, "self-spec", skip_config=str(tmp_path / "skip.json"), self_test=False)
-    assert g.drafter.switch is not None and g.drafter.lm_head.vocab.size >= 32
+    assert g.drafter.layers is not None and g.drafter.lm_head.vocab.size >= 32
     ar = selfspec.load(target, "ar", self_test=False)
     p = prompt_ids(5, 9)
     assert g.generate(p, max_new_tokens=16).token_ids == ar.generate(p, max_new_tokens=16).token_ids

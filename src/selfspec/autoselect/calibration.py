@@ -14,7 +14,7 @@ from typing import Protocol
 
 from ..drafters.spec import AutoContext, MethodSpec
 from ..errors import SelfspecError
-from ..models.loading import LoadedModel
+from ..models.loading import Runner
 
 log = logging.getLogger("selfspec.auto")
 
@@ -116,7 +116,7 @@ class Choice:
     busy: bool = False
 
 
-def candidates(target: LoadedModel, specs: Iterable[MethodSpec], kernels: Sequence[str],
+def candidates(target: Runner, specs: Iterable[MethodSpec], kernels: Sequence[str],
                ctx: AutoContext | None = None) -> list[Candidate]:
     """The cross product of the methods in ``specs`` that are ``auto`` candidates for ``target``
     here (in ``specs`` order, the reference first), their draft precisions, and ``kernels``."""

@@ -16,7 +16,7 @@ from ..core import cost
 from ..core.cost import profile_key, profile_path, save_cache
 from ..core.machine import LoadMonitor
 from ..errors import SelfspecError
-from ..models.loading import LoadedModel
+from ..models.loading import Runner
 from .calibration import (
     CACHE_FORMAT,
     CALIBRATION_PROMPTS,
@@ -34,7 +34,7 @@ from .calibration import (
 log = logging.getLogger("selfspec.auto")
 
 
-def _artefacts(target: LoadedModel, cands: Sequence[Candidate]) -> list:
+def _artefacts(target: Runner, cands: Sequence[Candidate]) -> list:
     """Size and modification time of every file the candidates' drafts are built from (shipped
     and user heads, skip configs, draft vocabulary rankings): a new head or config, installed or
     trained, invalidates the cached choice."""
@@ -59,7 +59,7 @@ def _artefacts(target: LoadedModel, cands: Sequence[Candidate]) -> list:
     return out
 
 
-def cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
+def cache_key(target: Runner, cands: Sequence[Candidate]) -> str:
     """Model, dtype, device, machine (CPU, threads, torch), candidate list, draft artefacts and,
     where a candidate runs on the compiled backend, the version of its steps' code
     (:func:`~selfspec.models.aot_step.code_version`)."""
@@ -72,7 +72,7 @@ def cache_key(target: LoadedModel, cands: Sequence[Candidate]) -> str:
     return profile_key(target.model, target.name, "auto") + f"|{CACHE_FORMAT}|{sig[:12]}"
 
 
-def cache_path(target: LoadedModel, cands: Sequence[Candidate]) -> Path:
+def cache_path(target: Runner, cands: Sequence[Candidate]) -> Path:
     return profile_path(cache_key(target, cands))
 
 
@@ -95,7 +95,7 @@ def machine_busy() -> bool:
     return LoadMonitor().start().stop().contended
 
 
-def choose(target: LoadedModel, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
+def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
            reference: str | None = None, remeasure: bool = False, prompts: Sequence[str] | None = None,
            clock: Callable[[], float] = time.perf_counter, monitor: Callable[[], LoadMonitor] = LoadMonitor,
            busy_now: Callable[[], bool] = machine_busy) -> Choice:

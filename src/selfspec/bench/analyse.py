@@ -81,18 +81,17 @@ def analyse(b: BenchRun, run_load: LoadMonitor) -> dict:
                for n in names if n in failed or n in summary}
     by_id = {p.id: p for p in b.prompts}
     for name, s in summary.items():  # where greedy outputs differ: how close was the target to a tie there?
-        target.use_kernels(b.backend_of.get(name, "stock"), keep=True)
+        on = target.runner(b.backend_of.get(name, "stock"))
         for d in s.get("differences", []):
             ar_rec = b.done.get((d["prompt_id"], s["baseline"], d["repeat"]))
             if ar_rec is not None:
                 ctx = b.prompt_ids(by_id[d["prompt_id"]], d["repeat"]) + ar_rec["token_ids"][: d["position"]]
-                d["ar_top2_gap"] = top2_gap(target.model, ctx)
+                d["ar_top2_gap"] = top2_gap(on.model, ctx)
     if any("problem" in p.meta for p in b.prompts):
         humaneval_scores(records, by_id, target.tokenizer, summary, b.out)
     profiles = {}
     for backend in backends:
-        target.use_kernels(backend, keep=True)
-        profiles[backend] = target.cost_profile().to_json()
+        profiles[backend] = target.runner(backend).cost_profile().to_json()
     meta["cost_profiles"] = profiles
     try:  # plots first: the report links the ones that were written
         from .plots import plot_all

@@ -211,14 +211,11 @@ def load_contenders(b: BenchRun) -> None:
     args = b.args
     b.target = target = load_model(args.model, args.device, args.dtype, args.trust_remote_code)
     for backend in args.kernels.split(","):
-        chosen = backend == "auto"  # as `selfspec generate` chooses: each method's kernels, auto's whole configuration
-        if not chosen:
-            target.use_kernels(backend, keep=True)
+        # auto: as `selfspec generate` chooses: each method's kernels, auto's whole configuration
         for j, m in enumerate(b.methods):
             base_method, extra = parse_method(m)
             opts = {} if base_method == "ar" else args.method_flags.get(base_method, {})
-            g = load(model=target, method=base_method, self_test=j == 0, kernels="auto" if chosen else None,
-                     **{**opts, **extra})
+            g = load(model=target, method=base_method, self_test=j == 0, kernels=backend, **{**opts, **extra})
             # auto: named as it ran (auto→pld@stock); a method on chosen kernels: pld@onednn
             name = entry_name(g.method if base_method == "auto" else m, g.kernels)
             b.generators[name], b.backend_of[name], b.options_of[name] = g, g.kernels, {**opts, **extra}
@@ -226,10 +223,8 @@ def load_contenders(b: BenchRun) -> None:
     for backend in b.backends:  # every entry's baseline: ar on its kernels
         name = entry_name("ar", backend)
         if name not in b.generators:
-            target.use_kernels(backend, keep=True)
-            b.generators[name] = load(model=target, method="ar", self_test=False)
+            b.generators[name] = load(model=target, method="ar", self_test=False, kernels=backend)
             b.backend_of[name], b.options_of[name] = backend, {}
-    target.use_kernels("stock", keep=True)
     if "hf-assisted" in b.peers:  # reuse a method's copy of --draft-model where one runs on stock kernels
         from ..registry import draft_model_of
 
@@ -261,7 +256,7 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
             s += sum(g.drafter.warm_up(c) for c in capacities)  # a draft through a compiled step of its own
             print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} "
                   f"({', '.join(map(str, capacities))}-position caches) in {s:.0f} s", file=sys.stderr)
-    b.target.use_kernels("stock", keep=True)  # peers run the model as transformers loads it (fp32, stock)
+    # peers run b.target, the model as transformers loads it (fp32, stock kernels)
     llama_peers: dict[str, LlamaCppPeer] = {}
     if b.llama_names:
         assert b.gguf is not None
@@ -311,7 +306,6 @@ def measure_one(b: BenchRun, name: str, pr: Prompt, rep: int, llama_peers: dict[
         else:
             rec.update(token_ids=po.token_ids, new_tokens=len(po.token_ids), wall_s=po.wall_s)
     else:
-        b.target.use_kernels("stock", keep=True)
         po = run_peer(name, b.target.model, ids, args.max_new_tokens, args.temperature, args.top_p, args.top_k,
                       args.seed, b.draft_model, args.pld_tokens)
         mon.stop()

@@ -61,12 +61,9 @@ def side_by_side(ar, spec, prompt: str, gen: dict, runs: int = 2) -> SideBySide:
     ids = encode_prompt(target.tokenizer, prompt, gen["chat"], target.model.config.vocab_size)
 
     def hf_generate(max_new_tokens: int) -> PeerOutput:
-        target.use_kernels("stock", keep=True)  # transformers as users run it: fp32, stock kernels
-        try:
-            return run_peer("hf", target.model, ids, max_new_tokens, gen["temperature"], gen["top_p"], gen["top_k"],
-                            gen["seed"])
-        finally:
-            target.use_kernels(ar.kernels, keep=True)
+        # transformers as users run it: fp32, stock kernels
+        return run_peer("hf", target.runner("stock").model, ids, max_new_tokens, gen["temperature"], gen["top_p"],
+                        gen["top_k"], gen["seed"])
 
     warm = dict(gen, max_new_tokens=WARM_TOKENS)
     ar.generate(prompt, **warm)

@@ -101,19 +101,15 @@ def run(args: argparse.Namespace) -> int:
     # each method's drafter, built on the eager stock layers: whether it verifies with hidden states, and
     # that its artefacts are here. On the compiled backend a build would time the step for its cost profile,
     # compiling each block size outside the progress below (and under --list, which compiles nothing)
-    target.use_kernels("stock", keep=True)
-    try:
-        for method, options in methods.items():
-            try:
-                g = build(target, method, options[0], args.trust_remote_code, sizes=())
-                hidden_of[method] = g.drafter.needs_hidden
-            except SelfspecError as e:
-                skipped.append(f"{method} ({e})")
-                continue
-            if METHODS[method].draft_step:  # may draft through a compiled step of its own
-                drafting += [(method, o) for o in options]
-    finally:
-        target.use_kernels("compiled", keep=True)
+    for method, options in methods.items():
+        try:
+            g = build(target.runner("stock"), method, options[0], args.trust_remote_code, sizes=())
+            hidden_of[method] = g.drafter.needs_hidden
+        except SelfspecError as e:
+            skipped.append(f"{method} ({e})")
+            continue
+        if METHODS[method].draft_step:  # may draft through a compiled step of its own
+            drafting += [(method, o) for o in options]
     step = target.step
     assert step is not None
     # drafts through a step of their own (self-spec's int8 draft) whose step is not saved here

@@ -24,27 +24,24 @@ The draft is the target itself with some attention and MLP sub-layers skipped
 from __future__ import annotations
 
 import dataclasses
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict
-from ..core.attention import decode_attention
 from ..core.sampling import sample
-from ..core.timing import Stopwatch
 from ..core.tree import DraftTree
 from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
-from ..kernels.int8 import compiled_layers as int8_compiled_layers
-from ..kernels.switch import DRAFT_KERNELS, LinearSwitch, layout_fits
-from ..models.adapter import build_mask
-from ..models.compiled_step import MIN_CAPACITY, StaticStep
-from ..models.skipping import SkipSet, skip_sublayers
+from ..kernels.int8 import layer_classes as int8_layer_classes
+from ..kernels.switch import DRAFT_KERNELS, DraftLayers, layout_fits
+from ..models.compiled_step import MIN_CAPACITY, StaticStep, compile_cache_dir, step_shapes
+from ..models.skipping import SkipSet, skipped
 from .budget import ChainBudget, ChainDraft, DraftRule, GammaExit
 from .skip_config import GammaSettings, find
+from .skip_draft import cached_draft_ratio, draft_forward
 from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
 
@@ -88,38 +85,6 @@ class SelfSpecConfig:
              f"one of config, {', '.join(DRAFT_KERNELS)}")
 
 
-def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: int,
-                  last_only: bool = True, lm_head: DraftLMHead | None = None) -> torch.Tensor:
-    """Feed ``tokens`` (causally) at positions ``position, position + 1, ...`` after the cache,
-    whose non-skipped layers hold ``position`` rows. Call inside :func:`skip_sublayers`.
-
-    The mask is explicit because cache layers differ in length while drafting (HF would read
-    the length of layer 0, which may be skipped).
-
-    Args:
-        lm_head: a reduced draft LM head: the decoder runs without the model's LM head and
-            this one gives the logits (``[.., N]``); None: the model's own (``[.., V]``).
-
-    Returns:
-        logits ``[1, V or N]`` of the last token (``last_only``) or ``[T, V or N]`` of every token, float.
-    """
-    device = next(model.parameters()).device
-    t = len(tokens)
-    block = torch.ones(t, t, dtype=torch.bool).tril()
-    mask = build_mask(position, block, model.config._attn_implementation, model.dtype, device,
-                      kv_cache.capacity(cache))  # a static cache's (compiled backend), else None
-    kwargs = dict(input_ids=torch.tensor([tokens], device=device),
-                  position_ids=torch.arange(position, position + t, device=device)[None], attention_mask=mask,
-                  **kv_cache.cache_arg(model, cache), use_cache=True)
-    if lm_head is not None and lm_head.vocab is not None:
-        with decode_attention(device):
-            hidden = getattr(model, model.base_model_prefix)(**kwargs).last_hidden_state[0]  # [T, H], post-norm
-        return lm_head(hidden[-1:] if last_only else hidden)
-    with decode_attention(device):
-        out = model(**kwargs, logits_to_keep=1 if last_only else 0)
-    return out.logits[0].float()
-
-
 class SelfSpecDrafter(DrafterBase):
     name = "self-spec"
     lossless = True
@@ -129,10 +94,11 @@ class SelfSpecDrafter(DrafterBase):
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
                  source: str = "explicit", lm_head: DraftLMHead | None = None,
-                 switch: LinearSwitch | None = None, draft_step: StaticStep | None = None) -> None:
+                 layers: DraftLayers | None = None, draft_step: StaticStep | None = None) -> None:
         """
         Args:
-            model: the target (a stock HF causal LM); the draft is this model with ``skip``.
+            model: the verify runner's module tree (left as it is); the draft is a module tree of
+                its own over the same weights, built here once: ``skip`` bypassed, on ``layers``.
             skip: the sub-layers the draft skips.
             budget: cost-aware chain budget (its ``k`` is the longest draft).
             draft_exit: ``cost`` or ``gamma`` (see the module docstring).
@@ -141,29 +107,28 @@ class SelfSpecDrafter(DrafterBase):
             min_confidence: ``cost`` exit threshold on the product of confidences.
             source: where the skip set came from (a skip config path or ``explicit``).
             lm_head: a reduced draft LM head (None: the model's own).
-            switch: other kernels for the draft passes (int8 weights), or None.
-            draft_step: the compiled one-token step the draft passes run through under ``switch``
+            layers: the draft's module tree on other kernels (int8 weights), or None.
+            draft_step: the compiled one-token step of ``layers``' module tree
                 (the ``compiled`` backend with an int8 draft of the whole model and its own LM
                 head: :func:`compiled_draft_step`), or None: they run eagerly.
         """
-        self.model = model
         self.skip = skip
+        self.layers = layers
+        self.draft_model = skipped(layers.model if layers is not None else model, skip)  # [T] ids -> logits
         self.source = source
         self.draft_exit = draft_exit
         # the step rule over the budget and the gamma exit; fed by the controller
         self.sizer = DraftRule(budget, GammaExit(gamma or GammaSettings()), draft_exit, auto_k, min_confidence)
         self.device = next(model.parameters()).device
         self.lm_head = lm_head
-        self.switch = switch
         self.draft_step = draft_step
 
     def warm_up(self, capacity: int) -> float:
         """Compile (or load the saved) draft step for a ``capacity``-position cache now, not
         mid-request; seconds it took (0 without a draft step)."""
-        if self.draft_step is None or self.switch is None:
+        if self.draft_step is None:
             return 0.0
-        with self.switch.active():
-            return self.draft_step.warm_up(capacity, (1,), False)
+        return self.draft_step.warm_up(capacity, (1,), False)
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.sizer.gamma.new_prompt()
@@ -182,26 +147,25 @@ class SelfSpecDrafter(DrafterBase):
         rule.start()
         full = self.lm_head.full if self.lm_head is not None else (lambda v: v)
         try:
-            with skip_sublayers(self.model, self.skip), (self.switch.active() if self.switch else nullcontext()):
-                for i in range(k):
-                    if self.draft_step is not None:  # compiled, on the target's static cache after the prefix
-                        logits = self.draft_step.forward(state.cache, torch.tensor([x]), torch.tensor([base + i]), None,
-                                                         False, base=base + i).logits[-1]
-                    else:
-                        logits = full(draft_forward(self.model, state.cache, [x], base + i, lm_head=self.lm_head)[-1])
-                    if det:
-                        probs = state.scores(logits, state.draft_index(i + 1)).softmax(-1)
-                        x = int(probs.argmax())
-                        conf = float(probs[x])
-                    else:
-                        q = state.warper.probs(logits)
-                        x = sample(q, state.generator)
-                        qs.append(q)  # the gamma exit reads the unwarped probability, the cost exit q's
-                        conf = float(logits.softmax(-1)[x]) if self.draft_exit == "gamma" else float(q[x])
-                    tokens.append(x)
-                    confidences.append(conf)
-                    if rule.stop_after(conf):
-                        break
+            for i in range(k):
+                if self.draft_step is not None:  # compiled, on the target's static cache after the prefix
+                    logits = self.draft_step.forward(state.cache, torch.tensor([x]), torch.tensor([base + i]), None,
+                                                     False, base=base + i).logits[-1]
+                else:
+                    logits = full(draft_forward(self.draft_model, state.cache, [x], base + i, lm_head=self.lm_head)[-1])
+                if det:
+                    probs = state.scores(logits, state.draft_index(i + 1)).softmax(-1)
+                    x = int(probs.argmax())
+                    conf = float(probs[x])
+                else:
+                    q = state.warper.probs(logits)
+                    x = sample(q, state.generator)
+                    qs.append(q)  # the gamma exit reads the unwarped probability, the cost exit q's
+                    conf = float(logits.softmax(-1)[x]) if self.draft_exit == "gamma" else float(q[x])
+                tokens.append(x)
+                confidences.append(conf)
+                if rule.stop_after(conf):
+                    break
         finally:
             kv_cache.truncate(state.cache, base)  # draft KV never reaches the committed cache
         made = ChainDraft(len(tokens), tuple(confidences))  # what the rule learns the draft's cost from
@@ -257,98 +221,29 @@ def resolve_skip(target, cfg: SelfSpecConfig
     return skip, dataclasses.replace(gamma, **over), source, priors, vocab, kernels
 
 
-def draft_parts(target, vocab_size: int, kernels: str) -> tuple[DraftLMHead | None, LinearSwitch | None]:
-    """The draft LM head over a reduced vocabulary (None: the model's own) and the switch to
-    other draft kernels (None: the verify backend's; also when the model itself runs int8)."""
+def draft_parts(target, vocab_size: int, kernels: str) -> tuple[DraftLMHead | None, DraftLayers | None]:
+    """The draft LM head over a reduced vocabulary (None: the model's own) and the draft's module
+    tree on other kernels (None: the verify runner's; also when the runner itself is int8)."""
     from ..models.draft_vocab import draft_vocab_for
 
     kernels = "same" if kernels == target.backend else kernels
     vocab = draft_vocab_for(target, vocab_size)
     head_backend = kernels if kernels != "same" else target.backend
     lm_head = DraftLMHead(target.model.get_output_embeddings(), vocab, head_backend) if vocab is not None else None
-    return lm_head, (LinearSwitch(target.model, kernels) if kernels != "same" else None)
-
-
-@torch.no_grad()
-def measure_draft_ratio(model: torch.nn.Module, skip: SkipSet, lm_head: DraftLMHead | None,
-                        switch: LinearSwitch | None, context: int = 64, reps: int = 5) -> float:
-    """Median time of one draft token (``skip``, the draft LM head and kernels) over that of a
-    full one-token forward, interleaved after a ``context``-token cache: the draft cost prior
-    when the draft runs otherwise than the skip config's search measured it."""
-    from ..core.kv_cache import cache_arg, new_cache
-
-    device = next(model.parameters()).device
-    cache = new_cache(model.config)
-    ids = list(range(1, context + 1))
-    model(input_ids=torch.tensor([ids], device=device), **cache_arg(model, cache), use_cache=True, logits_to_keep=1)
-    ratios = []
-    for _ in range(reps):
-        with Stopwatch(device) as full:
-            draft_forward(model, cache, [1], context)
-        kv_cache.truncate(cache, context)
-        with skip_sublayers(model, skip), (switch.active() if switch else nullcontext()):
-            with Stopwatch(device) as draft:
-                draft_forward(model, cache, [1], context, lm_head=lm_head)
-        kv_cache.truncate(cache, context)
-        ratios.append(draft.seconds / max(full.seconds, 1e-9))
-    return sorted(ratios)[len(ratios) // 2]
-
-
-@torch.no_grad()
-def measure_step_ratio(step: StaticStep, draft_step: StaticStep, switch: LinearSwitch, context: int = 64,
-                       reps: int = 5) -> float:
-    """:func:`measure_draft_ratio` on the ``compiled`` backend: median time of the draft step's
-    one-token forward (under ``switch``) over the verify step's, interleaved on one static cache
-    after a ``context``-token prefix (both steps compiled or loaded beforehand)."""
-    device = next(step.model.parameters()).device
-    cache = step.take_cache(MIN_CAPACITY)
-    ids, pos = torch.tensor([1]), torch.tensor([context])
-    ratios = []
-    with torch.inference_mode():
-        step.prefill(cache, torch.arange(1, context + 1), False)
-        for _ in range(reps):
-            with Stopwatch(device) as full:
-                step.forward(cache, ids, pos, None, False, base=context)
-            with switch.active(), Stopwatch(device) as draft:
-                draft_step.forward(cache, ids, pos, None, False, base=context)
-            ratios.append(draft.seconds / max(full.seconds, 1e-9))
-    step.give_back(cache)
-    return sorted(ratios)[len(ratios) // 2]
-
-
-def cached_draft_ratio(target, skip: SkipSet, lm_head: DraftLMHead | None, switch: LinearSwitch | None,
-                       vocab: int, kernels: str, draft_step: StaticStep | None = None) -> float:
-    """:func:`measure_draft_ratio` (:func:`measure_step_ratio` with a compiled draft step),
-    measured once per model, backend, machine and draft and then read from the profiles cache, so
-    the budget's starting point (and with it the draft lengths under rejection sampling) does not
-    depend on the clock of each load."""
-
-    from ..core.cost import profile_path, read_cache, save_cache
-
-    key = (target.cost_key + f"|self-spec-draft|{sorted(skip.attention)}|{sorted(skip.mlp)}|{vocab}|{kernels}"
-           + ("|compiled-draft" if draft_step is not None else ""))
-    cached = read_cache(profile_path(key), lambda d: float(d["ratio"]) if d["key"] == key else 0.0)
-    if cached is not None and cached > 0:
-        return cached
-    if draft_step is not None and switch is not None and target.step is not None:
-        ratio = measure_step_ratio(target.step, draft_step, switch)
-    else:
-        ratio = measure_draft_ratio(target.model, skip, lm_head, switch)
-    save_cache(key, {"key": key, "ratio": ratio}, "self-spec draft cost")
-    return ratio
+    return lm_head, (DraftLayers(target.model, kernels) if kernels != "same" else None)
 
 
 def compiled_draft_step(target, skip: SkipSet, lm_head: DraftLMHead | None,
-                        switch: LinearSwitch | None) -> StaticStep | None:
+                        layers: DraftLayers | None) -> StaticStep | None:
     """The one-token step the draft passes compile to on the ``compiled`` backend (CPU): an int8
     draft of the whole model (nothing skipped) with its own LM head, whose layers get the few-row
-    layout of their int8 weights (:meth:`~selfspec.kernels.switch.LinearSwitch.add_layout`). The
-    step is the stock forward compiled under the switch, saved and loaded like the verify steps
-    (its file's name differs by the int8 layer classes). None where the draft stays eager."""
+    layout of their int8 weights (:meth:`~selfspec.kernels.switch.DraftLayers.add_layout`). The
+    step is the stock forward of the draft's module tree compiled, saved and loaded like the
+    verify steps (its file's name differs by the int8 layer classes). None where the draft stays eager."""
     step = target.step
-    if not _draft_steps(target, skip, lm_head is None, switch.kernels if switch else "same") or not switch.add_layout():
+    if not _draft_steps(target, skip, lm_head is None, layers.kernels if layers else "same") or not layers.add_layout():
         return None
-    return StaticStep(target.model, compile=step.compile)
+    return StaticStep(layers.model, compile=step.compile)
 
 
 def _draft_steps(target, skip: SkipSet, own_head: bool, kernels: str) -> bool:
@@ -358,29 +253,36 @@ def _draft_steps(target, skip: SkipSet, own_head: bool, kernels: str) -> bool:
 
 
 def draft_step_missing(target, cfg: SelfSpecConfig) -> bool:
-    """Whether a drafter built with ``cfg`` on ``target`` (compiled backend) would compile a draft
-    step of its own now (not saved here), told without building it (the int8 copy takes seconds)."""
+    """Whether a drafter built with ``cfg`` on ``target`` (the compiled runner) would compile a
+    draft step of its own now: a question about files on disk, told without building the draft's
+    layers (the int8 copy takes seconds), from the classes they would have."""
+    from ..models import aot_step
     from ..models.draft_vocab import draft_vocab_for
 
     skip, _, _, _, vocab, kernels = resolve_skip(target, cfg)
     kernels = "same" if kernels == target.backend else kernels
-    if not _draft_steps(target, skip, draft_vocab_for(target, vocab) is None, kernels):
+    if not _draft_steps(target, skip, draft_vocab_for(target, vocab) is None, kernels) or not target.step.compile:
         return False
-    return bool(target.step.missing(MIN_CAPACITY, (1,), False, layers_as=int8_compiled_layers(target.model)))
+    d = compile_cache_dir()
+    shapes = step_shapes(MIN_CAPACITY, (1,), False)
+    if d is None or not aot_step.supported(target.device):
+        return True
+    paths = aot_step.artifact_paths(d, target.model, shapes, linears=int8_layer_classes(target.model), layout=True)
+    return not all(p.is_file() for p in paths)
 
 
 def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:
     skip, gamma, source, priors, vocab, kernels = resolve_skip(target, cfg)
     budget = chain_budget(target, cfg.auto_k, gamma.max_draft)
-    lm_head, switch = draft_parts(target, vocab, kernels)
-    draft_step = compiled_draft_step(target, skip, lm_head, switch)
+    lm_head, layers = draft_parts(target, vocab, kernels)
+    draft_step = compiled_draft_step(target, skip, lm_head, layers)
     drafter = SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
-                              source, lm_head, switch, draft_step)
+                              source, lm_head, layers, draft_step)
     drafter.warm_up(MIN_CAPACITY)  # a compiled draft step: compiled or loaded now, not mid-request
     if priors is not None and budget.profile is not None:  # start from what the search measured
         cost = priors[1]
-        if lm_head is not None or switch is not None:  # the draft runs otherwise than it was searched
-            cost = cached_draft_ratio(target, skip, lm_head, switch, vocab, kernels, draft_step)
+        if lm_head is not None or layers is not None:  # the draft runs otherwise than it was searched
+            cost = cached_draft_ratio(target, skip, drafter.draft_model, lm_head, draft_step, vocab, kernels)
         budget.set_prior(priors[0], cost * budget.profile.t1)
     return drafter
 

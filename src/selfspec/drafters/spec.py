@@ -29,7 +29,7 @@ from ..errors import SelfspecError
 
 if TYPE_CHECKING:
     from ..decoding.protocol import Drafter
-    from ..models.loading import LoadedModel
+    from ..models.loading import Runner
     from .budget import ChainBudget
 
 
@@ -71,19 +71,19 @@ class AutoCandidacy:
             exact: verification stays on the verify kernels, so output is unchanged).
     """
 
-    options: Callable[[str, LoadedModel, AutoContext], dict | None]
+    options: Callable[[str, Runner, AutoContext], dict | None]
     precision_option: str = ""
     precisions: tuple[str, ...] = ()
 
 
-def _always(name: str, target: LoadedModel, ctx: AutoContext) -> dict:
+def _always(name: str, target: Runner, ctx: AutoContext) -> dict:
     return {}
 
 
 ALWAYS = AutoCandidacy(_always)  # runs on any model with nothing installed
 
 
-def _fine_tuned(name: str, target: LoadedModel, ctx: AutoContext) -> dict | None:
+def _fine_tuned(name: str, target: Runner, ctx: AutoContext) -> dict | None:
     from ..models.finetuned import read_meta
 
     try:
@@ -123,14 +123,14 @@ class MethodSpec:
 
     name: str
     config_cls: type
-    make: Callable[[MethodSpec, LoadedModel, Any, BuildContext], Drafter]
+    make: Callable[[MethodSpec, Runner, Any, BuildContext], Drafter]
     lossless: bool
     help: str
     auto: AutoCandidacy | None = None
     largest_block: int = 64
-    draft_step: Callable[[LoadedModel, Any], bool] | None = None
+    draft_step: Callable[[Runner, Any], bool] | None = None
 
-    def build(self, target: LoadedModel, cfg: object, ctx: BuildContext) -> Drafter:
+    def build(self, target: Runner, cfg: object, ctx: BuildContext) -> Drafter:
         """The drafter of this method for ``target`` with options ``cfg``."""
         drafter = self.make(self, target, cfg, ctx)
         if bool(drafter.lossless) is not self.lossless:
@@ -184,7 +184,7 @@ def check_numbers(cfg: object, method: str) -> None:
             raise SelfspecError(f"{method} needs {f.name} to be {what}{flag_of(cfg, f.name)}, not {value!r}")
 
 
-def chain_budget(target: LoadedModel, auto: bool, k: int) -> ChainBudget:
+def chain_budget(target: Runner, auto: bool, k: int) -> ChainBudget:
     """The draft-length budget of a chain drafter: sized from the target's measured verify-cost
     profile when ``auto``, else always ``k``."""
     from .budget import ChainBudget
@@ -193,7 +193,7 @@ def chain_budget(target: LoadedModel, auto: bool, k: int) -> ChainBudget:
     return ChainBudget(profile, k)
 
 
-def finetuned_ids(target: LoadedModel, method: str, ids: list[int], what: str,
+def finetuned_ids(target: Runner, method: str, ids: list[int], what: str,
                   option_name: str) -> tuple[list[int], dict | None]:
     """The new token ids a fine-tuned method drafts with (``sdsat``'s adaptive tokens,
     ``space``'s mask), checked against the model's vocabulary: ``ids`` when given, else those

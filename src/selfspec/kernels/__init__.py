@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import os
 
-from torch import nn
-
 from ..errors import SelfspecError
-from .backends import use_backend
-from .swap import KernelState, current_backend, release_originals, released, restore_linears
+from .backends import install_backend
+from .swap import current_backend, release_originals, released
 
 KERNELS = ("auto", "stock", "onednn", "int8", "compiled")
 
@@ -32,29 +30,4 @@ def default_kernels() -> str:
     return value
 
 
-def apply_kernels(model: nn.Module, kernels: str, model_name: str = "model", keep: bool = False,
-                  state: KernelState | None = None) -> str:
-    """Put ``model``'s linear layers on backend ``kernels``; returns the backend now in use.
-
-    ``auto`` resolves to a concrete fp32 backend (see :mod:`selfspec.kernels.auto`). With
-    ``keep``, converted layers stay cached so switching back is instant (the benchmark does
-    this to interleave backends); otherwise layers of other backends are freed. ``state``: the
-    model's :class:`KernelState` (``LoadedModel.kernel_state``), where switches are remembered.
-    """
-    if kernels not in KERNELS:
-        raise SelfspecError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
-    if released(model):
-        if kernels == current_backend(model):
-            return kernels
-        raise SelfspecError(f"{model_name} was loaded for {current_backend(model)} kernels only (its fp32 weights "
-                            "were released); load it again to use other kernels")
-    if kernels == "auto":
-        from .auto import choose
-
-        kernels = choose(model, model_name, state)
-    use_backend(model, kernels, keep, state)
-    return kernels
-
-
-__all__ = ["KERNELS", "KernelState", "apply_kernels", "default_kernels", "current_backend", "release_originals",
-           "released", "restore_linears"]
+__all__ = ["KERNELS", "install_backend", "default_kernels", "current_backend", "release_originals", "released"]

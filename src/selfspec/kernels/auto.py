@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import statistics
+from collections.abc import Callable
 
 from torch import nn
 
 from ..core.cost import measure, profile_key, profile_path, read_cache, save_cache
-from .backends import use_backend
 from .onednn import available as onednn_available
-from .swap import KernelState, current_backend, released
 
 log = logging.getLogger("selfspec.kernels")
 
@@ -29,10 +28,7 @@ ROUNDS = 3
 
 
 def candidates(model: nn.Module) -> list[str]:
-    """The fp32 (lossless) backends that can run this model here (only its current one where its
-    fp32 weights were released)."""
-    if released(model):
-        return [current_backend(model)]
+    """The fp32 (lossless) backends that can run this model here."""
     p = next(model.parameters())
     out = ["stock"]
     if onednn_available(p.device, p.dtype) is None:
@@ -46,10 +42,10 @@ def quick_cost(model: nn.Module, model_name: str) -> float:
     return sum(prof.seconds)
 
 
-def choose(model: nn.Module, model_name: str, state: KernelState | None = None) -> str:
-    """The backend with the lowest :func:`quick_cost`; cached per model and machine. ``state``:
-    the model's kernel state (a private one when None)."""
-    state = state if state is not None else KernelState()
+def choose(model: nn.Module, model_name: str, runner_model: Callable[[str], nn.Module]) -> str:
+    """The backend with the lowest :func:`quick_cost`; cached per model and machine.
+    ``runner_model(backend)``: the module tree of ``model``'s runner on that backend (built once
+    by the caller; :meth:`~selfspec.models.runner.LoadedModel.runner`)."""
     cands = candidates(model)
     if len(cands) == 1:
         return cands[0]
@@ -60,9 +56,7 @@ def choose(model: nn.Module, model_name: str, state: KernelState | None = None) 
     samples: dict[str, list[float]] = {name: [] for name in cands}
     for _ in range(ROUNDS):  # interleaved, so a change of machine load hits every candidate alike
         for name in cands:  # each candidate as it would run: its layers and its attention function
-            use_backend(model, name, keep=True, state=state)
-            samples[name].append(quick_cost(model, model_name))
-    use_backend(model, "stock", state=state)  # frees the kept copies
+            samples[name].append(quick_cost(runner_model(name), model_name))
     costs = {name: statistics.median(v) for name, v in samples.items()}
     choice = min(costs, key=costs.get)
     log.info(f"{choice} kernels are the fastest here ("

@@ -19,35 +19,35 @@ from .int8 import apply as apply_int8
 from .onednn import OneDNNLinear, SharedProductLinear, add_blocked, share_products
 from .onednn import apply as apply_onednn
 from .onednn import available as onednn_available
-from .swap import (
-    KernelState,
-    SwappedLinear,
-    linear_layers,
-    original_of,
-    restore_attention,
-    restore_linears,
-    swap_linears,
-    use_attention,
-)
+from .swap import SwappedLinear, linear_layers, original_of, swap_linears, use_attention
 
 log = logging.getLogger("selfspec.kernels")
 
 
-def use_backend(model: nn.Module, kernels: str, keep: bool = False, state: KernelState | None = None) -> None:
-    """Put ``model``'s linear layers (and attention function) on concrete backend ``kernels``
-    (``compiled`` runs oneDNN's prepacked layers where the ``onednn`` backend can run, fp32 on the
-    CPU, else the stock ones: what it changes is the step that runs them).
-
-    ``state`` (the model's :class:`KernelState`) remembers what switching back needs. With
-    ``keep``, converted layers stay cached there so switching back is instant; otherwise layers of
-    other backends are freed, once the switch has reused those it kept for ``kernels`` (``auto``
-    tries backends with ``keep``, then switches to its choice without: converting the compiled
-    backend's layers again took 0.6 s of SmolLM2's start)."""
-    restore_linears(model, state=state)
-    restore_attention(model, state)
-    _apply(model, kernels, keep, state)
-    if not keep and state is not None:
-        state.kept.clear()
+def install_backend(model: nn.Module, kernels: str) -> None:
+    """Install concrete backend ``kernels``' linear layers (and attention function) on ``model``:
+    a runner's own module tree, with stock layers, while the runner is built
+    (:meth:`~selfspec.models.runner.LoadedModel.runner`). ``compiled`` installs oneDNN's prepacked
+    layers where the ``onednn`` backend can run (fp32 on the CPU), else keeps the stock ones: what
+    it changes is the step that runs them."""
+    if kernels == "onednn":
+        apply_onednn(model)
+    elif kernels == "int8":
+        apply_int8(model)
+    elif kernels == "compiled":
+        if compiled_layers(next(model.parameters())) == "onednn":
+            share_products(model)  # q/k/v and gate/up: one product each in the step
+            rest = {id(m) for _, _, m in linear_layers(model) if not isinstance(m, SharedProductLinear)}
+            swap_linears(model, OneDNNLinear, only=rest)  # each weight packed once
+            # blocks of up to 8 tokens: Inductor's own reductions over a copy of the weights, 1.5x
+            # faster on AVX2 (kernels/gemv.py), where a third of the free memory holds the copy
+            if add_blocked(model, psutil.virtual_memory().available // 3) is None:
+                log.info("few-token steps of the compiled backend use oneDNN's kernel (too little "
+                         "free memory for a second copy of the weights)")
+        if model.config._attn_implementation == "sdpa":
+            use_attention(model, STATIC_NAME)  # attends over the static cache without copying KV heads
+    elif kernels != "stock":
+        raise ValueError(f"not a concrete backend: {kernels!r}")
 
 
 def compiled_layers(weight: torch.Tensor) -> str:
@@ -56,28 +56,6 @@ def compiled_layers(weight: torch.Tensor) -> str:
     the step, docs/performance.md), else the stock ones. The step's layers and those that run
     beside it (:func:`convert_linear`) are chosen here alike."""
     return "onednn" if onednn_available(weight.device, weight.dtype) is None else "stock"
-
-
-def _apply(model: nn.Module, kernels: str, keep: bool, state: KernelState | None) -> None:
-    """:func:`use_backend` on a model whose layers and attention are the stock ones."""
-    if kernels == "onednn":
-        apply_onednn(model, keep, state)
-    elif kernels == "int8":
-        apply_int8(model, keep, state)
-    elif kernels == "compiled":
-        if compiled_layers(next(model.parameters())) == "onednn":
-            share_products(model, keep, state)  # q/k/v and gate/up: one product each in the step
-            rest = {id(m) for _, _, m in linear_layers(model) if not isinstance(m, SharedProductLinear)}
-            swap_linears(model, OneDNNLinear, keep, only=rest, state=state)  # each weight packed once
-            # blocks of up to 8 tokens: Inductor's own reductions over a copy of the weights, 1.5x
-            # faster on AVX2 (kernels/gemv.py), where a third of the free memory holds the copy
-            noted = state.noted if state is not None else set()  # said once per model
-            if add_blocked(model, psutil.virtual_memory().available // 3) is None and "no-layout" not in noted:
-                noted.add("no-layout")
-                log.info("few-token steps of the compiled backend use oneDNN's kernel (too little "
-                         "free memory for a second copy of the weights)")
-        if model.config._attn_implementation == "sdpa":
-            use_attention(model, STATIC_NAME, state)  # attends over the static cache without copying KV heads
 
 
 def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 import warnings
 
@@ -31,7 +32,7 @@ from .gemv import blocked as blocked_layout
 from .gemv import gemv as few_row_product
 from .gemv import takes as layout_takes
 from .rowwise_attention import NAME as ROWWISE_ATTENTION
-from .swap import KernelState, SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
+from .swap import SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
 log = logging.getLogger("selfspec.kernels")
 
@@ -302,7 +303,8 @@ class Int8Group:
 
     The first sibling called computes all outputs; each other sibling takes its slice once.
     The cache is keyed by the input tensor object (and its version counter outside inference
-    mode), so a different input, or a sibling asking twice, is always recomputed.
+    mode), so a different input, or a sibling asking twice, is always recomputed. It is held per
+    thread: runners over one model may run in several threads at once.
     """
 
     def __init__(self, layers: list[nn.Linear]) -> None:
@@ -313,21 +315,21 @@ class Int8Group:
         has_bias = any(layer.bias is not None for layer in layers)
         self.matmul = Int8Matmul(weight, torch.cat(biases) if has_bias else None)
         self.sizes = [layer.out_features for layer in layers]
-        self._input: torch.Tensor | None = None
-        self._version = -1
-        self._outputs: list[torch.Tensor | None] = []
+        self._seen = threading.local()  # per thread: .input, .version, .outputs
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """Output of sibling ``index`` for ``x[..., K]``: ``[..., sizes[index]]``."""
+        seen = self._seen
         version = -1 if x.is_inference() else x._version
-        if x is not self._input or version != self._version or self._outputs[index] is None:
+        outputs = getattr(seen, "outputs", None)
+        if x is not getattr(seen, "input", None) or version != seen.version or outputs[index] is None:
             x2, lead = flatten(x)
             y = self.matmul(x2).to(x.dtype)
-            self._outputs = [part.reshape(*lead, n) for part, n in zip(y.split(self.sizes, dim=1), self.sizes)]
-            self._input, self._version = x, version
-        out, self._outputs[index] = self._outputs[index], None
-        if all(o is None for o in self._outputs):
-            self._input = None  # all taken: hold no reference to the input
+            outputs = [part.reshape(*lead, n) for part, n in zip(y.split(self.sizes, dim=1), self.sizes)]
+            seen.outputs, seen.input, seen.version = outputs, x, version
+        out, outputs[index] = outputs[index], None
+        if all(o is None for o in outputs):
+            seen.input = None  # all taken: hold no reference to the input
         return out
 
 
@@ -369,31 +371,21 @@ def layer_classes(model: nn.Module) -> set[type]:
     return ({Int8GroupMember} if groups else set()) | ({Int8Linear} if rest else set())
 
 
-def compiled_layers(model: nn.Module) -> tuple[set[type], bool]:
-    """``aot_step.artifact_paths``' ``layers_as`` for ``model``'s int8 layers with the few-row layout."""
-    return layer_classes(model), True
-
-
-def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> None:
-    """Swap every linear layer of ``model`` (the LM head too) for int8: sibling groups for
-    ``q/k/v_proj`` and ``gate/up_proj``, :class:`Int8Linear` for the rest."""
+def apply(model: nn.Module) -> None:
+    """Swap every linear layer of ``model`` (a runner's own module tree; the LM head too) for
+    int8: sibling groups for ``q/k/v_proj`` and ``gate/up_proj``, :class:`Int8Linear` for the rest."""
     p = next(model.parameters())
     reason = available(p.device, p.dtype)
     if reason:
         raise SelfspecError(reason)
     grouped = set()
     for parent, names, originals in sibling_groups(model):
-        kept = state.kept if state is not None else {}
-        members = kept.get((id(originals[0]), Int8GroupMember))
-        if members is None:
-            group = Int8Group(originals)
-            members = [Int8GroupMember(o, group, i) for i, o in enumerate(originals)]
-            if keep:
-                kept[(id(originals[0]), Int8GroupMember)] = members
-        for n, m in zip(names, members):
+        group = Int8Group(originals)
+        for i, (n, o) in enumerate(zip(names, originals)):
+            m = Int8GroupMember(o, group, i)
             setattr(parent, n, m)
             grouped.add(id(m))
     rest = [child for _, _, child in linear_layers(model) if id(child) not in grouped]
     if rest:
-        swap_linears(model, Int8Linear, keep, only={id(c) for c in rest}, state=state)
-    use_attention(model, ROWWISE_ATTENTION, state)
+        swap_linears(model, Int8Linear, only={id(c) for c in rest})
+    use_attention(model, ROWWISE_ATTENTION)

@@ -21,7 +21,7 @@ from .gemv import BLOCK as LAYOUT_ROWS
 from .gemv import blocked as blocked_layout
 from .gemv import gemv as few_row_product
 from .gemv import takes as layout_takes
-from .swap import KernelState, SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
+from .swap import SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
 
 def available(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -145,11 +145,9 @@ class SharedProductLinear(SwappedLinear):
         return y.reshape(*lead, self.out_features)
 
 
-def share_products(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> int:
+def share_products(model: nn.Module) -> int:
     """Swap each group of :data:`SIBLINGS` (same input width) for :class:`SharedProductLinear`
-    layers; returns the number of groups. With ``keep`` (and ``state``), the groups are remembered
-    for switching back, as :func:`~selfspec.kernels.swap.swap_linears` does."""
-    kept = state.kept if state is not None else {}
+    layers (on a runner's own module tree, when it is built); returns the number of groups."""
     groups = 0
     for parent in list(model.modules()):
         for names in SIBLINGS:
@@ -159,12 +157,7 @@ def share_products(model: nn.Module, keep: bool = False, state: KernelState | No
             originals = [original_of(layer) for layer in layers]
             if len({o.in_features for o in originals}) != 1:
                 continue
-            members = [kept.get((id(o), SharedProductLinear)) for o in originals]
-            if any(m is None for m in members):
-                members = SharedProductLinear.group(originals)
-                if keep:
-                    kept.update({(id(o), SharedProductLinear): m for o, m in zip(originals, members)})
-            for name, member in zip(names, members):
+            for name, member in zip(names, SharedProductLinear.group(originals)):
                 setattr(parent, name, member)
             groups += 1
     return groups
@@ -246,14 +239,14 @@ def add_blocked(model: nn.Module, budget: int) -> int | None:
     return sum(m.blocked.numel() * m.blocked.element_size() for m in layers if m.blocked is not None)
 
 
-def apply(model: nn.Module, keep: bool = False, state: KernelState | None = None) -> None:
+def apply(model: nn.Module) -> None:
     """Swap every linear layer of ``model`` for :class:`OneDNNLinear`."""
     p = next(model.parameters())
     reason = available(p.device, p.dtype)
     if reason:
         raise SelfspecError(reason)
-    swap_linears(model, OneDNNLinear, keep, state=state)
+    swap_linears(model, OneDNNLinear)
     if model.config._attn_implementation == "sdpa":
         from .gqa_attention import NAME
 
-        use_attention(model, NAME, state)
+        use_attention(model, NAME)

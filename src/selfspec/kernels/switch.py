@@ -1,15 +1,12 @@
-"""Draft passes on other kernels than verification: a kept second set of linear layers that a
-context manager swaps in (e.g. an int8 or bf16 copy of the model's own weights for self-drafting).
+"""Draft passes on other kernels than verification: a second module tree over the same model
+whose linear layers are an int8 or bf16 copy of the model's own weights (for self-drafting).
 
-Only the linear layers change; the attention function stays the verify backend's. Drafts need
-not be exact, and verification (outside the context) runs on the layers the model had before,
-so output is unchanged. Switching is one ``setattr`` per linear layer each way.
+Only the linear layers change; the attention function stays the verify runner's. Drafts need
+not be exact, and verification runs on the verify runner's own module tree, which this never
+touches, so output is unchanged.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psutil
 from torch import nn
@@ -19,10 +16,9 @@ from .bf16 import apply as apply_bf16
 from .gemv import BLOCK as LAYOUT_BLOCK
 from .int8 import CompiledInt8Path
 from .int8 import apply as apply_int8
-from .swap import linear_layers, original_of, released
+from .swap import linear_layers, original_of, released, share_copy
 
 DRAFT_KERNELS = ("same", "int8", "bf16")
-MEMORY_COST = {"same": 0.0, "int8": 0.25, "bf16": 0.5}  # extra memory, as a share of the fp32 weights
 
 
 def draft_precisions(device_type: str = "cpu") -> tuple[tuple[str, ...], dict[str, str]]:
@@ -47,49 +43,49 @@ def layout_fits(model: nn.Module) -> bool:
     return sum(o.in_features * o.out_features for o in originals) <= psutil.virtual_memory().available // 3
 
 
-class LinearSwitch:
-    """The model's linear layers plus a kept alternative set on ``kernels``.
+class DraftLayers:
+    """The draft's module tree: the verify runner's model (``share_copy``: the same weights and
+    modules' structure) with its linear layers on ``kernels``, built once, never switched.
 
     Attributes:
-        kernels: the alternative backend (``int8`` or ``bf16``).
-        extra_bytes: memory the alternative layers hold.
+        model: the draft's module tree (its attention function the verify runner's).
+        kernels: the draft's linear-layer backend (``int8`` or ``bf16``).
+        extra_bytes: memory the draft's layers hold.
     """
 
     def __init__(self, model: nn.Module, kernels: str) -> None:
+        """
+        Args:
+            model: the verify runner's module tree (left as it is).
+            kernels: ``int8`` or ``bf16``.
+        """
         if kernels not in DRAFT_KERNELS or kernels == "same":
             raise SelfspecError(f"draft kernels {kernels!r}: use int8 or bf16 (or same for the verify backend's)")
         if released(model):
             raise SelfspecError("this model's fp32 weights were released; load it again to draft on other kernels")
-        self.model = model
         self.kernels = kernels
-        slots = linear_layers(model)
+        self.model = share_copy(model)
         attn = model.config._attn_implementation
-        try:
-            if kernels == "int8":
-                apply_int8(model, keep=False)  # builds the int8 layers from the fp32 originals
-            else:
-                apply_bf16(model)
-            self._draft = [(p, n, getattr(p, n)) for p, n, _ in slots]
-        finally:
-            for p, n, layer in slots:  # the verify layers back, attention function included
-                setattr(p, n, layer)
-            if model.config._attn_implementation != attn:
-                model.set_attn_implementation(attn)
-        self._verify = slots
+        if kernels == "int8":
+            apply_int8(self.model)  # builds the int8 layers from the fp32 originals
+        else:
+            apply_bf16(self.model)
+        if self.model.config._attn_implementation != attn:  # the verify runner's attention function
+            self.model.set_attn_implementation(attn)
         # int8 weights: one byte per fp32 weight (a quarter of their memory), plus per-row scales;
         # bf16: two bytes per weight
         per_weight = 1 if kernels == "int8" else 2
         self.extra_bytes = sum(per_weight * original_of(layer).weight.numel() + 4 * original_of(layer).out_features
-                               for _, _, layer in self._draft)
+                               for _, _, layer in linear_layers(self.model))
 
     def add_layout(self) -> bool:
         """Give every int8 draft layer its compiled path (the few-row layout of its int8 weights, a
-        quarter of the fp32 weights' memory more), so that a one-token forward compiled under
-        :meth:`active` reads int8 weights in Inductor's own loop (the ``compiled`` backend's draft
-        step). True when every layer has it; False (and nothing kept) for bf16 drafts, where a
-        layer's rows do not fill the layout's blocks, or where the copies would take more than a
-        third of the free memory."""
-        layers = [layer for _, _, layer in self._draft]
+        quarter of the fp32 weights' memory more), so that a one-token forward of :attr:`model`
+        compiled by ``torch.compile`` reads int8 weights in Inductor's own loop (the ``compiled``
+        backend's draft step). True when every layer has it; False (and nothing kept) for bf16
+        drafts, where a layer's rows do not fill the layout's blocks, or where the copies would
+        take more than a third of the free memory."""
+        layers = [layer for _, _, layer in linear_layers(self.model)]
         if self.kernels != "int8" or not all(isinstance(layer, CompiledInt8Path) for layer in layers):
             return False
         if not layout_fits(self.model):
@@ -100,14 +96,3 @@ class LinearSwitch:
         for layer in layers:
             layer.blocked = layer.row_scale = None
         return False
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Inside: the model runs on the alternative layers."""
-        for p, n, layer in self._draft:
-            setattr(p, n, layer)
-        try:
-            yield
-        finally:
-            for p, n, layer in self._verify:
-                setattr(p, n, layer)

@@ -73,23 +73,22 @@ architecture (``smollm2-135m-instruct-msn``) loads the steps saved for the model
 
 
 def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[int, int, bool]],
-                   layers_as: tuple[set[type], bool] | None = None) -> list[Path]:
+                   linears: set[type] | None = None, layout: bool = False) -> list[Path]:
     """:func:`artifact_path` of each of ``shapes``, the model's part of the key computed once (a
     walk over its layers and its config: 7 ms on SmolLM2, which ``auto`` asked for 44 times).
 
     Args:
-        layers_as: name the steps as if every linear slot held one of these classes, with (True)
-            or without the few-row layout (the int8 draft step's file, named without quantising
-            the model: ``kernels.int8.layer_classes``); None: the layers the model holds now."""
+        linears: the classes of the linear layers of the module tree whose steps are named, with
+            (``layout``) or without the few-row layout: a question about files on disk, answered
+            without building that tree (the int8 draft step's file, named without quantising the
+            model: ``kernels.int8.layer_classes``); None: the layers ``model`` holds."""
     import transformers
 
     config = model.config
-    if layers_as is None:
+    if linears is None:
         layers = linear_layers(model)
         linears = {type(m) for _, _, m in layers}
         layout = any(getattr(m, "blocked", None) is not None for _, _, m in layers)
-    else:
-        linears, layout = layers_as
     key = {
         "model": type(model).__qualname__,
         "config": {k: v for k, v in json.loads(config.to_json_string(use_diff=False)).items() if k not in WHERE_FROM},

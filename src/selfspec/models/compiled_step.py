@@ -90,15 +90,16 @@ def block_sizes(largest: int) -> tuple[int, ...]:
     return tuple(b for b in BUCKETS if b < top) + (top,)
 
 
+def step_shapes(capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> list[tuple[int, int, bool]]:
+    """The shapes ``(padded T, capacity, hidden)`` blocks of ``sizes`` run on a ``capacity`` cache."""
+    return sorted({(bucket(s), capacity, want_hidden) for s in sizes if bucket(s) + 1 <= capacity})
+
+
 def capacity_for(tokens: int) -> int:
     """Static-cache positions for a request of ``tokens`` (prompt + new): a power of two, at
     least :data:`MIN_CAPACITY`, with :data:`HEADROOM` to spare. Powers of two keep the number
     of distinct shapes (and compiles) small."""
-    need = tokens + HEADROOM
-    cap = MIN_CAPACITY
-    while cap < need:
-        cap *= 2
-    return cap
+    return max(MIN_CAPACITY, 1 << (tokens + HEADROOM - 1).bit_length())
 
 
 def compile_cache_dir() -> str | None:
@@ -118,10 +119,10 @@ def compile_cache_dir() -> str | None:
 def inductor_cache(directory: str | None) -> Iterator[None]:
     """Inductor's on-disk caches under ``directory`` for the block (the environment variable it
     reads at each compile), restored afterwards; as it is when ``directory`` is None."""
+    before = os.environ.get(INDUCTOR_DIR) if directory is not None else None
     if directory is None:
         yield
         return
-    before = os.environ.get(INDUCTOR_DIR)
     os.environ[INDUCTOR_DIR] = directory
     try:
         yield
@@ -154,7 +155,7 @@ def window_arg(model: torch.nn.Module, written: int) -> dict[str, torch.Tensor]:
 
 @dataclass
 class StaticStep:
-    """The compiled verify forward of one loaded model (kept on its ``LoadedModel``).
+    """The compiled forward of one runner's module tree (kept on its ``Runner``).
 
     Attributes:
         model: the stock HF causal LM (its forward is compiled, the module is left as it is).
@@ -246,21 +247,18 @@ class StaticStep:
                                          options=aot_step.cpu_step_options())
         return self._fn
 
-    def missing(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool,
-                layers_as: tuple[set[type], bool] | None = None) -> list[tuple[int, int, bool]]:
+    def missing(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> list[tuple[int, int, bool]]:
         """The shapes ``(padded T, capacity, hidden)`` of blocks of ``sizes`` that neither ran in this
         process nor are saved on disk here (a later process loads a saved step in a fraction of a
         second instead of compiling it). On devices whose steps are not saved (CUDA), every shape
-        not compiled in this process. ``layers_as``: the steps of the model on other layers
-        (:func:`~selfspec.models.aot_step.artifact_paths`), none of which ran in this process."""
+        not compiled in this process."""
         if not self.compile:
             return []
-        shapes = sorted({(bucket(s), capacity, want_hidden) for s in sizes if bucket(s) + 1 <= capacity})
-        todo = [sh for sh in shapes if layers_as is not None or sh not in self.compile_s]
+        todo = [sh for sh in step_shapes(capacity, sizes, want_hidden) if sh not in self.compile_s]
         d = compile_cache_dir()
         if d is None or not aot_step.supported(next(self.model.parameters()).device):
             return todo
-        paths = aot_step.artifact_paths(d, self.model, todo, layers_as)
+        paths = aot_step.artifact_paths(d, self.model, todo)
         return [sh for sh, path in zip(todo, paths) if not path.is_file()]
 
     def warm_up(self, capacity: int, sizes: tuple[int, ...], want_hidden: bool) -> float:

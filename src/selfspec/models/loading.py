@@ -10,93 +10,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..core.cost import CostProfile, load_or_measure, profile_key
 from ..errors import SelfspecError
-from ..kernels.swap import KernelState
 from ..paths import selfspec_home
 from . import bundled
-from .compiled_step import StaticStep
+from .runner import LoadedModel, Runner
+
+__all__ = ["DTYPES", "DEVICES", "LoadedModel", "Runner", "load_model", "resolve_device", "resolve_dtype",
+           "resolve_path"]
 
 log = logging.getLogger("selfspec.models")
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-
-
-@dataclass
-class LoadedModel:
-    """A stock ``AutoModelForCausalLM`` in eval mode plus its tokenizer.
-
-    Attributes:
-        model: the HF model (``attn_implementation`` sdpa or eager, so 4-D masks are honoured).
-        tokenizer: its tokenizer.
-        name: what the user asked for (shown in reports).
-        path: the local directory the weights came from (None for a hub id).
-        backend: the linear-layer kernels in use (``stock``, ``onednn``, ``int8`` or ``compiled``;
-            see :mod:`selfspec.kernels`). ``int8`` is a quantised model.
-        kernel_state: what kernel switches remember (kept layers, the attention function before),
-            kept here rather than on the model.
-    """
-
-    model: torch.nn.Module
-    tokenizer: object
-    name: str
-    path: Path | None
-    backend: str = "stock"
-    kernel_state: KernelState = field(default_factory=KernelState, repr=False)
-    _step: StaticStep | None = field(default=None, repr=False)
-
-    @property
-    def step(self) -> StaticStep | None:
-        """The compiled static-shape verify step on the ``compiled`` backend (made on first use,
-        then kept with its compiled graphs), else None: verification runs eagerly."""
-        if self.backend != "compiled":
-            return None
-        if self._step is None:
-            self._step = StaticStep(self.model)
-        return self._step
-
-    @property
-    def cost_key(self) -> str:
-        """The cache key of :meth:`cost_profile` (``core.cost.profile_key``; the one place it is
-        built for a loaded model): ``+step`` where the backend verifies through its own step, and
-        then the version of the step's code (:func:`~selfspec.models.aot_step.code_version`: a new
-        layout or Inductor option makes another step, whose profile is measured anew)."""
-        if self.step is None:
-            return profile_key(self.model, self.name, self.backend)
-        from .aot_step import code_version
-
-        version = hashlib.sha256(code_version().encode()).hexdigest()[:12]
-        return f"{profile_key(self.model, self.name, self.backend, stepped=True)}|step-code={version}"
-
-    def cost_profile(self, hidden: bool = False, extra_qs: tuple[int, ...] = (),
-                     remeasure: bool = False) -> CostProfile:
-        """The verify cost profile T(q) of this model on its current backend, cached per machine
-        (:func:`~selfspec.core.cost.load_or_measure`): timed through the compiled step on the
-        ``compiled`` backend (with hidden states when the method verifies with them, ``hidden``),
-        else through the eager forward."""
-        return load_or_measure(self.model, self.cost_key, self.name, remeasure=remeasure, extra_qs=extra_qs,
-                               step=self.step, hidden=hidden)
-
-    def use_kernels(self, kernels: str, keep: bool = False) -> str:
-        """Switch this model's linear layers to ``kernels`` (in place); returns the backend."""
-        from ..kernels import apply_kernels
-
-        self.backend = apply_kernels(self.model, kernels, self.name, keep, self.kernel_state)
-        return self.backend
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def context_length(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -196,11 +125,14 @@ def load_model(
     attn_implementation: str = "sdpa",
     kernels: str = "stock",
     release_fp32: bool = False,
-) -> LoadedModel:
-    """Load model ``spec`` for inference (eval mode, no grad), its linear layers on ``kernels``.
+) -> Runner:
+    """Load model ``spec`` for inference (eval mode, no grad); returns its runner on backend
+    ``kernels`` (``auto``: the fastest fp32 one by a quick timing, :mod:`selfspec.kernels.auto`).
+    ``runner.base`` is the :class:`LoadedModel`; ``runner.runner(k)`` is another backend's runner
+    over the same weights.
 
     ``release_fp32`` frees the fp32 weights behind converted layers (saves memory; the model
-    then stays on that backend)."""
+    then runs on that backend only)."""
     from ..kernels import KERNELS
 
     if kernels not in KERNELS:
@@ -234,12 +166,14 @@ def load_model(
     model.to(dev).eval()
     model.requires_grad_(False)
     loaded = LoadedModel(model, tok, spec, path)
-    if kernels != "stock":
-        loaded.use_kernels(kernels)
-        if release_fp32 and loaded.backend not in ("stock", "compiled"):
-            from ..kernels import release_originals
+    if kernels == "auto":  # the fastest fp32 runner by a quick timing, cached (kernels.auto)
+        from ..kernels.auto import choose
 
-            release_originals(model)
+        kernels = choose(model, spec, lambda k: loaded.runner(k).model)
+        loaded.keep_only(kernels)
+    runner = loaded.runner(kernels)
+    if release_fp32 and kernels not in ("stock", "compiled"):
+        loaded.release_fp32(kernels)
     if os.environ.get("SELFSPEC_VERBOSE"):
-        log.info(f"loaded {spec} from {source} on {dev} ({dt}, {loaded.backend} kernels)")
-    return loaded
+        log.info(f"loaded {spec} from {source} on {dev} ({dt}, {kernels} kernels)")
+    return runner

@@ -112,29 +112,28 @@ def cached_tree_self_test(target) -> float:
     return worst
 
 
-def keep_int8_promise(target, probe: Callable[[torch.nn.Module], float] | None = None) -> str:
+def keep_int8_promise(target, probe: Callable[[torch.nn.Module], float] | None = None):
     """Check the ``int8`` backend's promise on this machine: verify rows (tree and block) are
     bit-identical to one-token decoding, so speculative decoding on it is exact. Where the probe
-    finds any difference, the model falls back to the ``stock`` fp32 kernels (lossless by the
-    same identity tests as every fp32 backend) with a one-line warning; returns the backend in use.
+    finds any difference, the ``stock`` fp32 runner of the same model (lossless by the same
+    identity tests as every fp32 backend) is used instead, with a one-line warning; returns the
+    runner to use.
 
     Args:
-        target: a :class:`~selfspec.models.loading.LoadedModel` (nothing happens unless on int8).
+        target: a :class:`~selfspec.models.runner.Runner` (returned as it is unless on int8).
         probe: the check, ``probe(model) -> largest logit difference`` (default: the tree
             self-test with no tolerance; injected in tests).
     """
     if target.backend != "int8":
-        return target.backend
+        return target
     probe = probe or (lambda m: tree_self_test(m, atol=float("inf")))
     worst = probe(target.model)
     if worst == 0.0:
-        return "int8"
-    from ..kernels.swap import released
-
-    if released(target.model):
+        return target
+    if target.base.only is not None:
         raise SelfspecError(f"int8 verify rows are not bit-identical to one-token decoding on this CPU (logits differ "
                             f"by up to {worst:.3g}) and the fp32 weights were released; load the model again without "
                             "releasing them, or use --kernels stock")
     log.warning("int8 verify rows are not bit-identical to one-token decoding on this CPU (logits differ by "
                 "up to %.3g): using the stock fp32 kernels instead", worst)
-    return target.use_kernels("stock")
+    return target.runner("stock")

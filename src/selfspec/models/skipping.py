@@ -5,16 +5,15 @@ Skipping a sub-layer bypasses its residual branch, so ``h`` passes through uncha
 and MLP of the same block are skipped independently. Equivalent weight-space view (used by the
 tests): skipping attention l is ``o_proj_l = 0``, skipping MLP l is ``down_proj_l = 0``.
 
-The skip is applied for the duration of a ``with skip_sublayers(model, skip):`` block by giving
-the attention / MLP *instances* a forward that returns zeros (the block's residual add then
-passes ``h`` through); no modelling file is forked and nothing changes outside the block. A
-skipped attention sub-layer runs no projection and writes no KV into the cache.
+:func:`skipped` builds the draft's module tree once: a :func:`~selfspec.models.runner.share_copy`
+of the model (the same weights) whose skipped attention / MLP children are modules that return
+zeros (the block's residual add then passes ``h`` through). No modelling file is forked and the
+model itself is left as it is. A skipped attention sub-layer runs no projection and writes no KV
+into the cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -66,31 +65,38 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
-def _skipped_attention(hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
-    return torch.zeros_like(hidden_states), None
+class SkippedAttention(torch.nn.Module):
+    """A bypassed attention sub-layer: ``forward(hidden_states[B, T, H], ...) -> (zeros, None)``."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
+        return torch.zeros_like(hidden_states), None
 
 
-def _skipped_mlp(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    return torch.zeros_like(hidden_states)
+class SkippedMLP(torch.nn.Module):
+    """A bypassed MLP sub-layer: ``forward(hidden_states[B, T, H]) -> zeros``."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return torch.zeros_like(hidden_states)
 
 
-@contextmanager
-def skip_sublayers(model: torch.nn.Module, skip: SkipSet) -> Iterator[None]:
-    """Run ``model`` with the sub-layers of ``skip`` bypassed inside the ``with`` block.
+def skipped(model: torch.nn.Module, skip: SkipSet) -> torch.nn.Module:
+    """``model`` with the sub-layers of ``skip`` bypassed: a new module tree over the same weights
+    (:func:`~selfspec.models.runner.share_copy`), ``model`` itself unchanged; ``model`` itself
+    when nothing is skipped.
 
     Non-skipped attention layers append their KV to the cache as usual; skipped ones append
     nothing, so cache layers end up with different lengths: callers pass explicit position ids
     and masks (see :mod:`selfspec.drafters.self_spec`) and truncate afterwards.
     """
-    layers = decoder_layers(model)
-    skip.check(len(layers))
-    patched = [layers[i].self_attn for i in skip.attention] + [layers[i].mlp for i in skip.mlp]
-    try:
-        for i in skip.attention:
-            layers[i].self_attn.forward = _skipped_attention
-        for i in skip.mlp:
-            layers[i].mlp.forward = _skipped_mlp
-        yield
-    finally:
-        for m in patched:
-            m.__dict__.pop("forward", None)
+    from .runner import share_copy
+
+    skip.check(len(decoder_layers(model)))
+    if not skip.size:
+        return model
+    draft = share_copy(model)
+    layers = decoder_layers(draft)
+    for i in skip.attention:
+        layers[i].self_attn = SkippedAttention()
+    for i in skip.mlp:
+        layers[i].mlp = SkippedMLP()
+    return draft

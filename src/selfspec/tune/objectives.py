@@ -20,7 +20,6 @@ covers the reduced vocabulary.
 from __future__ import annotations
 
 import statistics
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -29,14 +28,14 @@ from ..core import kv_cache
 from ..core.cost import CostProfile
 from ..core.timing import Stopwatch
 from ..drafters.budget import ChainBudget, DraftRule, GammaExit
-from ..drafters.self_spec import draft_forward
 from ..drafters.skip_config import DraftCost, GammaSettings
+from ..drafters.skip_draft import draft_forward
 from ..drafters.vocab import DraftLMHead
-from ..kernels.switch import LinearSwitch
-from ..models.loading import LoadedModel
-from ..models.skipping import SkipSet, decoder_layers, skip_sublayers
+from ..kernels.switch import DraftLayers
+from ..models.loading import Runner
+from ..models.skipping import SkipSet, decoder_layers, skipped
 
-DraftParts = tuple[DraftLMHead | None, LinearSwitch | None]  # drafters.self_spec.draft_parts
+DraftParts = tuple[DraftLMHead | None, DraftLayers | None]  # drafters.self_spec.draft_parts
 
 
 @torch.inference_mode()
@@ -44,7 +43,8 @@ def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7
                        ) -> DraftCost:
     """Median one-token forward times with none / all attention / all MLP / all sub-layers skipped,
     with the draft's LM head and kernels (``parts``; default: the model's own)."""
-    lm_head, switch = parts or (None, None)
+    lm_head, layers = parts or (None, None)
+    draft_base = layers.model if layers is not None else model
     n = len(decoder_layers(model))
     device = next(model.parameters()).device
     cache = kv_cache.new_cache(model.config)
@@ -55,12 +55,12 @@ def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7
     sets = {"full": SkipSet(), "no_attention": SkipSet.of(range(n), ()), "no_mlp": SkipSet.of((), range(n)),
             "floor": SkipSet.of(range(n), range(n))}
     times: dict[str, list[float]] = {k: [] for k in sets}
+    drafts = {name: skipped(draft_base, skip) for name, skip in sets.items()}
     for _ in range(reps):
-        for name, skip in sets.items():  # interleaved, so drifts of a shared machine hit all alike
-            with skip_sublayers(model, skip), (switch.active() if switch else nullcontext()):
-                with Stopwatch(device) as watch:
-                    draft_forward(model, cache, [1], context, lm_head=lm_head)
-                times[name].append(watch.seconds)
+        for name, draft in drafts.items():  # interleaved, so drifts of a shared machine hit all alike
+            with Stopwatch(device) as watch:
+                draft_forward(draft, cache, [1], context, lm_head=lm_head)
+            times[name].append(watch.seconds)
             kv_cache.truncate(cache, context)
     med = {k: statistics.median(v) for k, v in times.items()}
     return DraftCost(med["full"], med["no_attention"], med["no_mlp"], med["floor"], n)
@@ -80,7 +80,7 @@ class SpeedObjective:
 
     name = "speed"
 
-    def __init__(self, target: LoadedModel, prompts: list[list[int]], new_tokens: int, draft_exit: str,
+    def __init__(self, target: Runner, prompts: list[list[int]], new_tokens: int, draft_exit: str,
                  gamma: GammaSettings, draft_vocab: int = 0, draft_kernels: str = "same") -> None:
         from ..api import load
 
@@ -161,11 +161,12 @@ class ProxyObjective:
 
     name = "proxy"
 
-    def __init__(self, target: LoadedModel, prompts: list[list[int]], new_tokens: int, draft_exit: str,
+    def __init__(self, target: Runner, prompts: list[list[int]], new_tokens: int, draft_exit: str,
                  gamma: GammaSettings, profile: CostProfile, draft_cost: DraftCost,
                  min_confidence: float = 0.3, parts: DraftParts | None = None) -> None:
         self.model = target.model
-        self.lm_head, self.switch = parts or (None, None)
+        self.lm_head, layers = parts or (None, None)
+        self.draft_base = layers.model if layers is not None else self.model
         self.draft_exit, self.gamma, self.profile, self.draft_cost = draft_exit, gamma, profile, draft_cost
         self.min_confidence = min_confidence
         self.device = next(self.model.parameters()).device
@@ -188,18 +189,18 @@ class ProxyObjective:
     def agreement(self, skip: SkipSet) -> list[tuple[list[bool], list[float]]]:
         """Per continuation: agreement flags and confidences of the skipped model."""
         result = []
-        with skip_sublayers(self.model, skip), (self.switch.active() if self.switch else nullcontext()):
-            for c in self.continuations:
-                try:
-                    logits = draft_forward(self.model, c.cache, c.tokens[:-1], c.prompt_len, last_only=False,
-                                           lm_head=self.lm_head)
-                finally:
-                    kv_cache.truncate(c.cache, c.prompt_len)
-                probs = logits.softmax(-1)
-                conf, top = probs.max(-1)
-                if self.lm_head is not None:
-                    top = self.lm_head.to_target(top)
-                result.append(((top == torch.tensor(c.tokens[1:], device=top.device)).tolist(), conf.tolist()))
+        draft = skipped(self.draft_base, skip)  # a module tree of its own: the model is left as it is
+        for c in self.continuations:
+            try:
+                logits = draft_forward(draft, c.cache, c.tokens[:-1], c.prompt_len, last_only=False,
+                                       lm_head=self.lm_head)
+            finally:
+                kv_cache.truncate(c.cache, c.prompt_len)
+            probs = logits.softmax(-1)
+            conf, top = probs.max(-1)
+            if self.lm_head is not None:
+                top = self.lm_head.to_target(top)
+            result.append(((top == torch.tensor(c.tokens[1:], device=top.device)).tolist(), conf.tolist()))
         return result
 
     def __call__(self, skip: SkipSet) -> Evaluation:

@@ -17,7 +17,7 @@ from ..drafters.self_spec import DRAFT_EXITS, draft_parts
 from ..drafters.skip_config import GammaSettings, SkipConfig, config_hash, user_config_path
 from ..errors import SelfspecError
 from ..kernels.switch import DRAFT_KERNELS
-from ..models.loading import LoadedModel
+from ..models.loading import Runner
 from ..models.skipping import SkipSet, decoder_layers
 from ..paths import check_output_dir, check_output_file, model_key, selfspec_home
 from .objectives import ProxyObjective, SpeedObjective, measure_draft_cost
@@ -86,7 +86,7 @@ class TuneOptions:
             check_output_dir(self.state_dir, "--state")
 
 
-def calibration_prompts(target: LoadedModel, opts: TuneOptions) -> tuple[list[str], list[list[int]]]:
+def calibration_prompts(target: Runner, opts: TuneOptions) -> tuple[list[str], list[list[int]]]:
     """Ids and token ids of the calibration prompts (chat-templated)."""
     from ..bench.datasets import load_dataset
     from ..decoding.text import encode_prompt
@@ -102,7 +102,7 @@ def calibration_prompts(target: LoadedModel, opts: TuneOptions) -> tuple[list[st
                                   for r in rows]
 
 
-def tune_self_spec(target: LoadedModel, opts: TuneOptions, progress: bool = True) -> tuple[SkipConfig, Path]:
+def tune_self_spec(target: Runner, opts: TuneOptions, progress: bool = True) -> tuple[SkipConfig, Path]:
     """Search a skip set for ``target`` on its current kernels backend; write and return the
     skip config and its path: where ``selfspec.load`` uses it automatically, unless ``opts.out``
     names another path or it measured slower than ``ar`` (then into the state directory)."""
@@ -160,7 +160,7 @@ def measured_speedup(search_meta: dict) -> float | None:
     return None
 
 
-def _rerank(target: LoadedModel, opts: TuneOptions, prompts: list[list[int]], result: SearchResult
+def _rerank(target: Runner, opts: TuneOptions, prompts: list[list[int]], result: SearchResult
             ) -> tuple[SkipSet, float, dict, list[dict]]:
     """Measure the decode speed of the best ``opts.rerank`` distinct proxy trials; keep the fastest."""
     speed = SpeedObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma)

@@ -1,0 +1,225 @@
+"""A loaded model's weights and the runners over them.
+
+:class:`LoadedModel` holds what was loaded: the stock HF model (its weights), the tokenizer and
+where they came from. It is never switched: nothing installs other layers or another attention
+function on its modules.
+
+A :class:`Runner` is one configuration that runs those weights: a linear-layer backend
+(``stock``, ``onednn``, ``int8``, ``compiled``; :mod:`selfspec.kernels`), its attention function,
+and on ``compiled`` its static-shape step with the step's cache pool. Each runner has a module
+tree of its own (:func:`share_copy`: new module objects over the same parameter and buffer
+tensors), on which its backend's layers are installed once, when it is built. A runner is
+built once per configuration and model (:meth:`LoadedModel.runner`) and never switched, so two
+generators over one loaded model, in two threads, each run exactly what they were built with.
+The extra copies a backend needs (oneDNN's packed weights, int8 weights, the few-row layout)
+belong to the runner that made them; their size is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..core.cost import CostProfile, load_or_measure, profile_key
+from ..errors import SelfspecError
+from ..kernels.swap import share_copy
+from .compiled_step import StaticStep
+
+log = logging.getLogger("selfspec.models")
+
+
+def _where(t: torch.Tensor) -> int:
+    """Where a tensor's data is (its data pointer; an opaque tensor such as oneDNN's packed weight
+    has none: its identity)."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return id(t)
+
+
+def layer_bytes(model: nn.Module, base: nn.Module) -> int:
+    """Bytes of tensors that ``model``'s modules hold beyond ``base``'s parameters and buffers (a
+    backend's packed, quantised or re-laid-out copies of the weights)."""
+    seen = {_where(t) for t in (*base.parameters(), *base.buffers()) if t.numel()}
+    total = 0
+    for m in model.modules():
+        for v in (*m.__dict__.values(), *m._buffers.values()):
+            if isinstance(v, torch.Tensor) and v.numel() and _where(v) not in seen:
+                seen.add(_where(v))
+                total += v.numel() * v.element_size()
+    return total
+
+
+@dataclass
+class LoadedModel:
+    """A stock ``AutoModelForCausalLM`` in eval mode plus its tokenizer: the weights that every
+    runner over it shares. Nothing switches it; :meth:`runner` gives the configurations that run it.
+
+    Attributes:
+        model: the HF model as loaded (``attn_implementation`` sdpa or eager, stock layers).
+        tokenizer: its tokenizer.
+        name: what the user asked for (shown in reports).
+        path: the local directory the weights came from (None for a hub id).
+        only: the one backend this model runs on, where its fp32 weights were released after
+            that backend's runner was built (:func:`~selfspec.models.loading.load_model`); else None.
+    """
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    path: Path | None
+    only: str | None = None
+    _runners: dict[str, Runner] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def base(self) -> LoadedModel:
+        return self
+
+    def runner(self, kernels: str) -> Runner:
+        """The runner of this model on concrete backend ``kernels`` (``stock``, ``onednn``,
+        ``int8``, ``compiled``): built on first use (the backend's layers installed on a module
+        tree of its own), then the same object every time. Thread-safe."""
+        from ..kernels import KERNELS
+
+        if kernels not in KERNELS or kernels == "auto":
+            raise SelfspecError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS[1:])}")
+        with self._lock:
+            r = self._runners.get(kernels)
+            if r is None:
+                if self.only is not None and kernels != self.only:
+                    raise SelfspecError(f"{self.name} was loaded for {self.only} kernels only (its fp32 weights were "
+                                        "released); load it again to use other kernels")
+                r = self._runners[kernels] = self._build(kernels)
+            return r
+
+    def _build(self, kernels: str) -> Runner:
+        from ..kernels import install_backend
+
+        if kernels == "stock":
+            return Runner(self, self.model, "stock")
+        model = share_copy(self.model)
+        install_backend(model, kernels)
+        extra = layer_bytes(model, self.model)
+        if extra:
+            log.info(f"{self.name}: the {kernels} runner holds {extra / 2**20:.0f} MiB of its own weight copies")
+        return Runner(self, model, kernels)
+
+    def built(self) -> list[str]:
+        """The backends whose runners are built (and held) now."""
+        with self._lock:
+            return list(self._runners)
+
+    def keep_only(self, kernels: str) -> None:
+        """Drop every runner but the one on ``kernels`` (their weight copies are freed once nothing
+        else holds them): ``auto`` keeps its choice and frees the candidates it timed."""
+        with self._lock:
+            for k in [k for k in self._runners if k != kernels]:
+                del self._runners[k]
+
+    def release_fp32(self, kernels: str) -> int:
+        """Keep only the runner on ``kernels`` and free the fp32 weights behind its converted layers
+        (a model loaded for one backend for good, e.g. a draft model, need not hold both copies;
+        weights shared with the input embedding are kept). Returns the bytes freed; the model runs
+        on ``kernels`` only afterwards."""
+        from ..kernels import release_originals
+
+        runner = self.runner(kernels)
+        self.keep_only(kernels)
+        self.only = kernels
+        embed = self.model.get_input_embeddings().weight.data_ptr()
+        freed = release_originals(runner.model)
+        for m in self.model.modules():  # the stock tree's references to the same tensors
+            if isinstance(m, nn.Linear) and m.weight.numel() and m.weight.data_ptr() != embed:
+                m.weight = nn.Parameter(m.weight.new_empty(0), requires_grad=False)
+        return freed
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
+
+
+@dataclass
+class Runner:
+    """One configuration of a :class:`LoadedModel`: its weights on one linear-layer backend, with
+    that backend's attention function and, on ``compiled``, the static-shape step. Built once by
+    :meth:`LoadedModel.runner`, never switched; what a decode loop and a drafter run.
+
+    Attributes:
+        base: the loaded model whose weights it runs.
+        model: this runner's module tree (stock HF classes; the backend's linear layers installed).
+        backend: ``stock``, ``onednn``, ``int8`` (a quantised model) or ``compiled``.
+    """
+
+    base: LoadedModel
+    model: torch.nn.Module
+    backend: str
+    _step: StaticStep | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def runner(self, kernels: str) -> Runner:
+        """The runner of the same weights on ``kernels`` (:meth:`LoadedModel.runner`)."""
+        return self.base.runner(kernels)
+
+    @property
+    def tokenizer(self):
+        return self.base.tokenizer
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    @property
+    def path(self) -> Path | None:
+        return self.base.path
+
+    @property
+    def step(self) -> StaticStep | None:
+        """The compiled static-shape verify step of the ``compiled`` runner (made on first use,
+        then kept with its compiled graphs and its cache pool), else None: verification runs eagerly."""
+        if self.backend != "compiled":
+            return None
+        with self._lock:
+            if self._step is None:
+                self._step = StaticStep(self.model)
+            return self._step
+
+    @property
+    def cost_key(self) -> str:
+        """The cache key of :meth:`cost_profile` (``core.cost.profile_key``; the one place it is
+        built for a runner): ``+step`` where the backend verifies through its own step, and
+        then the version of the step's code (:func:`~selfspec.models.aot_step.code_version`: a new
+        layout or Inductor option makes another step, whose profile is measured anew)."""
+        if self.step is None:
+            return profile_key(self.model, self.name, self.backend)
+        from .aot_step import code_version
+
+        version = hashlib.sha256(code_version().encode()).hexdigest()[:12]
+        return f"{profile_key(self.model, self.name, self.backend, stepped=True)}|step-code={version}"
+
+    def cost_profile(self, hidden: bool = False, extra_qs: tuple[int, ...] = (),
+                     remeasure: bool = False) -> CostProfile:
+        """The verify cost profile T(q) of this runner, cached per machine
+        (:func:`~selfspec.core.cost.load_or_measure`): timed through the compiled step on the
+        ``compiled`` backend (with hidden states when the method verifies with them, ``hidden``),
+        else through the eager forward."""
+        return load_or_measure(self.model, self.cost_key, self.name, remeasure=remeasure, extra_qs=extra_qs,
+                               step=self.step, hidden=hidden)
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    @property
+    def context_length(self) -> int:
+        return self.base.context_length

@@ -1,0 +1,142 @@
+"""Runners: one loaded model, several configurations over its weights, none switched under another.
+
+Two generators built over one loaded model (the second from the first's ``target``), decoding at
+the same time in two threads, each give exactly the ids of their solo runs: on different verify
+backends, with a layer-skipping draft, with an int8 draft runner, and on the compiled backend with
+its int8 draft step (run eagerly here, ``compile=False``; the compiled tier runs it compiled).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import selfspec
+from selfspec.kernels import install_backend
+from selfspec.kernels.onednn import available as onednn_available
+from selfspec.kernels.swap import linear_layers, share_copy
+from selfspec.models.compiled_step import StaticStep
+from selfspec.models.loading import LoadedModel, Runner, load_model
+
+from ..conftest import prompt_ids
+
+NO_ONEDNN = onednn_available(torch.device("cpu"), torch.float32)
+PROMPTS = [prompt_ids(11, 9), prompt_ids(12, 14)]
+NEW = 20
+
+
+def eager_compiled(base: LoadedModel) -> Runner:
+    """``base``'s compiled runner with its step run eagerly (what it runs, not how fast: no compile in
+    the default tier), put where :meth:`LoadedModel.runner` finds it."""
+    model = share_copy(base.model)
+    install_backend(model, "compiled")
+    runner = Runner(base, model, "compiled", _step=StaticStep(model, compile=False))
+    base._runners["compiled"] = runner
+    return runner
+
+
+def solo_then_together(gens: list, rounds: int = 2) -> None:
+    """Each generator's ids on :data:`PROMPTS` alone, then again while all decode at once, one
+    thread each (``rounds`` times): every concurrent run must equal its solo run."""
+    solo = [[g.generate(p, max_new_tokens=NEW, ignore_eos=True).token_ids for p in PROMPTS] for g in gens]
+    together: dict[tuple[int, int, int], list[int]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(gens))
+
+    def work(i: int) -> None:
+        try:
+            torch.set_num_threads(1)
+            start.wait()
+            for r in range(rounds):
+                for j, p in enumerate(PROMPTS):
+                    together[(i, j, r)] = gens[i].generate(p, max_new_tokens=NEW, ignore_eos=True).token_ids
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(gens))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    wrong = [(i, j, r) for (i, j, r), ids in together.items() if ids != solo[i][j]]
+    assert not wrong and len(together) == len(gens) * len(PROMPTS) * rounds, wrong
+
+
+def layer_types(model: torch.nn.Module) -> list[str]:
+    return [type(m).__name__ for m in model.modules()]
+
+
+@pytest.mark.skipif(NO_ONEDNN is not None, reason=f"no oneDNN here: {NO_ONEDNN}")
+def test_two_generators_over_one_model_in_two_threads_give_their_solo_ids(tiny_dir):
+    """The issue's case: ``ar`` on oneDNN and ``self-spec`` on stock kernels over the same loaded
+    model. The second load leaves the first generator's runner as it was (its layers, attention)."""
+    g1 = selfspec.load(str(tiny_dir), method="ar", kernels="onednn", self_test=False)
+    before = layer_types(g1.target.model)
+    g2 = selfspec.load(g1.target, method="self-spec", kernels="stock", self_test=False, skip_attention=(1,),
+                       skip_mlp=(0,), k=3, auto_k=False)
+    assert g2.target.base is g1.target.base and g2.target is not g1.target and g2.kernels == "stock"
+    assert layer_types(g1.target.model) == before and g1.kernels == "onednn"
+    assert layer_types(g2.target.model) == layer_types(g1.target.base.model)  # the stock tree: not skipped
+    solo_then_together([g1, g2])
+    assert layer_types(g1.target.model) == before
+
+
+@pytest.mark.skipif(NO_ONEDNN is not None, reason=f"no oneDNN here: {NO_ONEDNN}")
+def test_two_generators_with_an_int8_draft_runner_give_their_solo_ids(tiny_dir):
+    """``self-spec`` whose draft runs on an int8 copy (its own module tree) beside ``ar`` on the int8
+    runner and ``ar`` on oneDNN: three generators, three threads, one loaded model."""
+    t = load_model(str(tiny_dir), kernels="onednn")
+    spec = selfspec.load(t, method="self-spec", self_test=False, skip_attention=(), skip_mlp=(2,),
+                         draft_kernels="int8", draft_vocab=0, k=3, auto_k=False)
+    assert spec.drafter.layers is not None and spec.drafter.draft_model is not t.model
+    assert not any(type(m).__name__.startswith("Int8") for _, _, m in linear_layers(t.model))
+    q = selfspec.load(t, method="ar", kernels="int8", self_test=False)
+    ar = selfspec.load(t, method="ar", self_test=False)
+    solo_then_together([spec, q, ar])
+    assert spec.generate(PROMPTS[0], max_new_tokens=NEW, ignore_eos=True).token_ids == \
+        ar.generate(PROMPTS[0], max_new_tokens=NEW, ignore_eos=True).token_ids  # lossless on its runner
+
+
+@pytest.mark.skipif(NO_ONEDNN is not None, reason=f"no oneDNN here: {NO_ONEDNN}")
+def test_two_generators_on_the_compiled_runner_and_its_int8_draft_step_give_their_solo_ids(tiny_dir):
+    """The compiled runner (its step and cache pool) with ``ar`` and with ``self-spec`` drafting
+    through its own int8 draft step, beside ``pld`` on oneDNN, all over one loaded model."""
+    t = load_model(str(tiny_dir), kernels="stock")
+    compiled = eager_compiled(t.base)
+    ar = selfspec.load(compiled, method="ar", self_test=False)
+    spec = selfspec.load(compiled, method="self-spec", self_test=False, skip_attention=(), skip_mlp=(),
+                         draft_kernels="int8", draft_vocab=0, k=3, auto_k=False)
+    assert spec.target is compiled and spec.drafter.draft_step is not None
+    assert spec.drafter.draft_step.model is spec.drafter.draft_model is not compiled.model
+    pld = selfspec.load(t, method="pld", kernels="onednn", self_test=False)
+    solo_then_together([ar, spec, pld])
+    assert spec.generate(PROMPTS[1], max_new_tokens=NEW, ignore_eos=True).token_ids == \
+        ar.generate(PROMPTS[1], max_new_tokens=NEW, ignore_eos=True).token_ids
+
+
+def test_share_copy_shares_every_tensor_and_nothing_else(tiny_dir):
+    """A runner's module tree: new module objects and config, the same parameter and buffer tensors."""
+    t = load_model(str(tiny_dir))
+    copy = share_copy(t.model)
+    assert all(a is b for a, b in zip(t.model.parameters(), copy.parameters()))
+    assert all(a is b for a, b in zip(t.model.buffers(), copy.buffers()))
+    assert not {id(m) for m in t.model.modules()} & {id(m) for m in copy.modules()}
+    assert copy.config is not t.model.config and copy.model.layers[0].self_attn.config is copy.config
+    copy.set_attn_implementation("eager")
+    assert t.model.config._attn_implementation == "sdpa"
+
+
+def test_no_model_is_switched_in_place_in_the_package():
+    """What the runners replace stays gone: no run-time kernel switch, no patched instance
+    ``forward``, no second step on one module tree chosen by the layers installed (``layers_as``)."""
+    src = Path(selfspec.__file__).parent
+    text = {p: p.read_text() for p in src.rglob("*.py")}
+    patterns = {"use_kernels": r"\buse_kernels\b", "forward patch": r"\.forward\s*=(?!=)", "layers_as": r"layers_as"}
+    found = {name: [str(p.relative_to(src)) for p, s in text.items() if re.search(rx, s)]
+             for name, rx in patterns.items()}
+    assert found == {name: [] for name in patterns}, found
