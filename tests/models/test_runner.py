@@ -140,3 +140,18 @@ def test_no_model_is_switched_in_place_in_the_package():
     found = {name: [str(p.relative_to(src)) for p, s in text.items() if re.search(rx, s)]
              for name, rx in patterns.items()}
     assert found == {name: [] for name in patterns}, found
+
+
+@pytest.mark.matrix
+@pytest.mark.skipif(NO_ONEDNN is not None, reason=f"no oneDNN here: {NO_ONEDNN}")
+def test_two_generators_on_the_compiled_runner_compiled_give_their_solo_ids(tiny_dir):
+    """As the eager-step case above, through the steps compiled by ``torch.compile`` (CI's compiled
+    tier): ``ar`` and ``self-spec`` with its int8 draft step share the compiled runner, ``pld``
+    decodes on oneDNN, all at once."""
+    t = load_model(str(tiny_dir), kernels="compiled")
+    ar = selfspec.load(t, method="ar", self_test=False)
+    spec = selfspec.load(t, method="self-spec", self_test=False, skip_attention=(), skip_mlp=(), draft_kernels="int8",
+                         draft_vocab=0, k=3, auto_k=False)
+    assert spec.target is t and spec.drafter.draft_step is not None and spec.drafter.draft_step.compile
+    pld = selfspec.load(t, method="pld", kernels="onednn", self_test=False)
+    solo_then_together([ar, spec, pld])
