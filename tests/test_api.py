@@ -52,3 +52,49 @@ def test_a_generator_corrects_its_drafters_cost_profile_when_asked(tiny_dir, tmp
     assert online.profile.path.read_text() == before  # requests never write: later loads read what was cached
     assert g.save_cost_correction() == online.profile.path
     assert CostProfile.from_json(json.loads(online.profile.path.read_text())).source == "corrected"
+
+
+def _files(home) -> list[str]:
+    return sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file())
+
+
+def test_load_with_measure_off_measures_and_writes_nothing(tiny_dir, tmp_path, monkeypatch):
+    """``measure=False``: no calibration, no cost profile, no self-test record, no cost correction:
+    auto falls back to plain ``ar`` (nothing cached) and a cost-sized method drafts fixed sizes;
+    once a measuring load has cached a choice and profiles, ``measure=False`` uses them. Negative
+    control: the measuring load writes files into the same home."""
+    import importlib
+
+    from selfspec.core import cost
+
+    choice = importlib.import_module("selfspec.autoselect.choice")
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SELFSPEC_HOME", str(home))
+    monkeypatch.delenv("SELFSPEC_KERNELS")
+
+    def no_timing(*a, **kw):
+        raise AssertionError("measured with measure=False")
+
+    with monkeypatch.context() as m:
+        m.setattr(cost, "measure", no_timing)
+        m.setattr(choice, "calibrate", no_timing)
+        g = selfspec.load(str(tiny_dir), measure=False)
+        assert g.method.startswith("auto→ar@")
+        pld = selfspec.load(str(tiny_dir), "pld", kernels="stock", measure=False)
+        assert pld.drafter.sizer.profile is None  # nothing cached: fixed sizes
+        r = pld.generate([5, 9, 11, 5, 9], max_new_tokens=12)
+        assert r.token_ids == g.generate([5, 9, 11, 5, 9], max_new_tokens=12).token_ids
+        assert pld.save_cost_correction() is None
+    assert _files(home) == [] if home.exists() else True
+    measured = selfspec.load(str(tiny_dir))  # the negative control: a measuring load writes its records
+    assert home.exists() and _files(home)
+    before = _files(home)
+    with monkeypatch.context() as m:
+        m.setattr(cost, "measure", no_timing)
+        m.setattr(choice, "calibrate", no_timing)
+        again = selfspec.load(str(tiny_dir), measure=False)
+        assert again.method == measured.method  # the cached choice
+        cached = selfspec.load(str(tiny_dir), "pld", kernels="stock", measure=False)
+    assert _files(home) == before
+    assert cached.drafter.sizer.profile is not None or not any("stock" in f for f in before)

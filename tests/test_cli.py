@@ -512,3 +512,17 @@ def test_compile_saves_the_steps_auto_may_then_time(capsys, tiny_dir, tmp_path, 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # nothing saved: auto on compiled says what to run
     code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--kernels", "compiled", "w1 w2")
     assert code == 2 and "selfspec compile" in err and "Traceback" not in err
+
+
+def test_no_measure_and_remeasure_are_one_line_when_given_together(tiny_dir, capsys):
+    assert main(["generate", "--model", str(tiny_dir), "--no-chat", "--remeasure", "--no-measure", "w1"]) == 2
+    assert "drop one of them" in capsys.readouterr().err
+
+
+def test_generate_with_no_measure_writes_nothing(tiny_dir, tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv("SELFSPEC_HOME", str(home))
+    assert main(["generate", "--model", str(tiny_dir), "--no-chat", "--no-measure", "--max-new-tokens", "6",
+                 "--method", "pld", "w1 w2 w1 w2"]) == 0
+    assert "[pld" in capsys.readouterr().err
+    assert not home.exists() or not any(p.is_file() for p in home.rglob("*"))

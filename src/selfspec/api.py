@@ -30,7 +30,7 @@ log = logging.getLogger("selfspec.auto")
 
 def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, device: str | None = "cpu",
          dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
-         kernels: str | None = None, remeasure: bool = False, threads: int | None = None,
+         kernels: str | None = None, remeasure: bool = False, threads: int | None = None, measure: bool = True,
          **method_options) -> SpeculativeGenerator:
     """Load a model and a decoding method.
 
@@ -57,6 +57,9 @@ def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, 
             fastest here, chosen with it), ``stock`` (PyTorch's kernels), ``onednn`` (fp32,
             prepacked; CPU) or ``int8`` (quantised model, opt-in). None: a runner's own backend
             where ``model`` is a runner, else as for a new load.
+        measure: False measures nothing and writes nothing: ``auto`` uses its cached choice, else the
+            plain default (``ar``, with a note); methods size drafts from cached cost profiles, else
+            fixed sizes; the self-test runs unless recorded, and is not recorded (CLI ``--no-measure``).
         threads: torch CPU threads to load, measure and generate with (restored after each call;
             None: torch's choice, usually one per core). On a machine busy with other work,
             ``threads=1`` can be several times faster.
@@ -64,14 +67,15 @@ def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, 
     """
     check_threads(threads)
     with torch_threads(threads):
-        g = _load(model, method, device, dtype, trust_remote_code, self_test, kernels, remeasure, method_options)
+        g = _load(model, method, device, dtype, trust_remote_code, self_test, kernels, remeasure, method_options,
+                  measure)
     g.threads = threads
     return g
 
 
 def _load(model: str | LoadedModel | Runner, method: str, device: str | None, dtype: str | torch.dtype,
           trust_remote_code: bool, self_test: bool, kernels: str | None, remeasure: bool,
-          method_options: dict) -> SpeculativeGenerator:
+          method_options: dict, measure: bool = True) -> SpeculativeGenerator:
     """:func:`load` on the threads as they are."""
     from .kernels import KERNELS, default_kernels
 
@@ -94,36 +98,39 @@ def _load(model: str | LoadedModel | Runner, method: str, device: str | None, dt
         kernels = kernels or default_kernels()
         base = load_model(model, device, dtype, trust_remote_code).base
     if kernels == AUTO:
-        return _load_chosen(base, method, method_options, trust_remote_code, remeasure, self_test, keep=given)
+        return _load_chosen(base, method, method_options, trust_remote_code, remeasure, self_test, keep=given,
+                            measure=measure)
     same = isinstance(model, Runner) and model.backend == kernels
-    target = _checked(model if same else base.runner(kernels), self_test)
+    target = _checked(model if same else base.runner(kernels), self_test, measure)
     if method == AUTO:
         return _load_chosen(base, method, method_options, trust_remote_code, remeasure, False, keep=given,
-                            kernels=[target.backend])
-    return build(target, method, method_options, trust_remote_code)
+                            kernels=[target.backend], measure=measure)
+    return build(target, method, method_options, trust_remote_code, measure=measure)
 
 
-def _checked(target: Runner, self_test: bool) -> Runner:
+def _checked(target: Runner, self_test: bool, measure: bool = True) -> Runner:
     """``target`` after the load-time self-test (tree verification equals sequential decoding), or
     the runner to use instead where an int8 runner breaks its promise on this machine."""
     if not self_test:
         return target
-    worst = cached_tree_self_test(target)  # recorded per model files, backend, code and machine
+    worst = cached_tree_self_test(target, save=measure)  # recorded per model files, backend, code and machine
     return keep_int8_promise(target, lambda m: worst)  # int8 promises bit-identical rows: checked, else stock
 
 
 def build(target: Runner, method: str, options: dict, trust_remote_code: bool,
-           sizes: tuple[int, ...] = (1,)) -> SpeculativeGenerator:
+          sizes: tuple[int, ...] = (1,), measure: bool = True) -> SpeculativeGenerator:
     """``method`` with ``options`` verified on runner ``target``, through the registry. On the
     compiled backend, the steps of blocks of ``sizes`` compile (or load from the cache) now, not
-    mid-request."""
+    mid-request. ``measure`` off: nothing is timed or written (cached measurements, else fixed sizes)."""
     ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code,
-                       kernels=target.backend)
+                       kernels=target.backend, measure=measure)
     spec = METHODS[method]
     drafter = spec.build(target, method_config(method, options), ctx)
     if target.step is not None:
         target.step.warm_up(MIN_CAPACITY, sizes, drafter.needs_hidden)
-    return SpeculativeGenerator(target, method, drafter, spec.lossless)
+    g = SpeculativeGenerator(target, method, drafter, spec.lossless)
+    g.measure = measure
+    return g
 
 
 def compiled_ready(base: LoadedModel, methods: Sequence[str]) -> list[str]:
@@ -164,7 +171,8 @@ def _auto_sizes(c: Candidate) -> tuple[int, ...]:
 
 
 def _load_chosen(base: LoadedModel, method: str, options: dict, trust_remote_code: bool, remeasure: bool,
-                 self_test: bool, keep: bool, kernels: list[str] | None = None) -> SpeculativeGenerator:
+                 self_test: bool, keep: bool, kernels: list[str] | None = None,
+                 measure: bool = True) -> SpeculativeGenerator:
     """``auto`` for the method, the kernels or both: the candidates (the registry's ``auto``
     candidates, or ``method`` alone, on every fp32 backend here or on ``kernels`` alone), the
     choice (cached, else calibrated on each candidate's own runner, side by side), and the chosen
@@ -183,7 +191,7 @@ def _load_chosen(base: LoadedModel, method: str, options: dict, trust_remote_cod
     eager = [k for k in kernels if k != "compiled"]
     asked = base.runner(eager[0] if eager else "stock")  # what the candidates' artefacts are looked up for
     if self_test:
-        cached_tree_self_test(asked)  # once, as every fp32 runner's (the int8 runner is checked by the caller)
+        cached_tree_self_test(asked, save=measure)  # once, as every fp32 runner's (int8: checked by the caller)
 
     def on(kernel_list: list[str]) -> list[autoselect.Candidate]:
         if method == AUTO:
@@ -212,10 +220,10 @@ def _load_chosen(base: LoadedModel, method: str, options: dict, trust_remote_cod
     def make(c: autoselect.Candidate) -> SpeculativeGenerator:
         return build(base.runner(c.kernels), c.method, c.options, trust_remote_code, _auto_sizes(c))
 
-    choice = autoselect.choose(asked, make, cands, reference, remeasure=remeasure)
+    choice = autoselect.choose(asked, make, cands, reference, remeasure=remeasure, measure=measure)
     c = choice.candidate
     target = base.runner(c.kernels)
-    g = build(target, c.method, c.options, trust_remote_code)  # later block sizes: saved, loaded when first met
+    g = build(target, c.method, c.options, trust_remote_code, measure=measure)  # later blocks: loaded when met
     if method == AUTO:
         g.method = autoselect.auto_label(c)
     g.auto_choice = choice
@@ -227,7 +235,8 @@ def _load_chosen(base: LoadedModel, method: str, options: dict, trust_remote_cod
         fallback = alt
 
         def build_alt() -> SpeculativeGenerator:
-            h = build(base.runner(fallback.kernels), fallback.method, fallback.options, trust_remote_code)
+            h = build(base.runner(fallback.kernels), fallback.method, fallback.options, trust_remote_code,
+                      measure=measure)
             if method == AUTO:
                 h.method = autoselect.auto_label(fallback)
             return h

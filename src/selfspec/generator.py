@@ -135,6 +135,7 @@ class SpeculativeGenerator:
         self.auto_table: dict[str, float] | None = None  # ... and the finalists' calibration tokens/s by label
         self.fallback: CompiledFallback | None = None  # auto on compiled: requests whose steps are not saved
         self.last_method: str | None = None  # what the latest request ran on: ``method``, or its fallback's
+        self.measure = True  # False (load(measure=False)): nothing written, the cost correction included
         gc = target.model.generation_config
         eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
         if eos is None and target.tokenizer is not None:
@@ -173,8 +174,8 @@ class SpeculativeGenerator:
         this generator's requests (where some block size was timed often enough); the next load
         sizes drafts from it. An explicit step (the CLI takes it when a command ends), never
         mid-process: a profile read by a later load of this process stays the one it read.
-        Returns the path written, or None."""
-        return self.controller.save_cost_correction()
+        Returns the path written, or None (also when loaded with ``measure=False``)."""
+        return self.controller.save_cost_correction() if self.measure else None
 
     def _state(self, prompt: str | Sequence[int], cfg: GenerationConfig, chat: bool) -> DecodeState:
         model = self.target.model

@@ -5,7 +5,8 @@ that run here) and, where the method has that option, its draft precision (draft
 verification stays on the verify kernels). Methods come from the registry's specs
 (:class:`~selfspec.drafters.spec.AutoCandidacy`); this module names none and never calls
 ``api.load``. The cross product is measured by greedy decode tokens/s on the shipped calibration
-prompts, in the process that will decode, the kernels switched in place, by successive halving
+prompts, in the process that will decode, each on its backend's runner of the loaded model
+(built once, never switched), by successive halving
 (:data:`ROUNDS`): every candidate decodes one prompt (:data:`PRUNE_TOKENS` tokens), the fastest few
 two more, interleaved, the best two the last, and the fastest over all it decoded wins
 (:func:`select`). Not a proxy: T(1) + T(4) chose the slower kernels on an Intel AMX Xeon (the

@@ -27,9 +27,9 @@ from .calibration import (
     Choice,
     Decoder,
     calibration_prompts,
-    measure,
     select,
 )
+from .calibration import measure as calibrate
 
 log = logging.getLogger("selfspec.auto")
 
@@ -98,11 +98,11 @@ def machine_busy() -> bool:
 def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
            reference: str | None = None, remeasure: bool = False, prompts: Sequence[str] | None = None,
            clock: Callable[[], float] = time.perf_counter, monitor: Callable[[], LoadMonitor] = LoadMonitor,
-           busy_now: Callable[[], bool] = machine_busy) -> Choice:
+           busy_now: Callable[[], bool] = machine_busy, measure: bool = True) -> Choice:
     """The fastest candidate for ``target`` here: cached, else measured (and cached).
 
     Args:
-        make: builds a candidate's generator on ``target`` (see :func:`measure`).
+        make: builds a candidate's generator on ``target`` (see :func:`.calibration.measure`).
         cands: the configurations to choose from (:func:`candidates`, or one method on several
             kernels); a single one is returned without measuring.
         reference: the method every other candidate's ids must equal on the same kernels (None
@@ -111,12 +111,21 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
         prompts: calibration prompts (default :func:`calibration_prompts`).
         clock, monitor, busy_now: the timer, the load monitor of the calibration, and whether
             the machine is busy now (a cached choice measured while busy is redone when quiet).
+        measure: off: the cached choice (busy or not), else the first candidate (the reference,
+            ``ar``, where there is one), with a note; nothing is timed or written.
     """
     if not cands:
         raise SelfspecError("auto has no candidate configuration to choose from")
     if len(cands) == 1:
         return Choice(cands[0])
     key = cache_key(target, cands)
+    if not measure:
+        cached = read_cache(profile_path(key), cands)
+        if cached is not None:
+            return cached
+        first = next((c for c in cands if c.method == reference), cands[0])
+        log.info("auto: nothing measured (measure off) and no cached choice for %s: %s", target.name, first.label)
+        return Choice(first)
     if not remeasure:
         cached = read_cache(profile_path(key), cands)
         if cached is not None and not (cached.busy and not busy_now()):
@@ -131,7 +140,7 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
              len(prompts), target.name)
     t0 = clock()
     mon = monitor().start()
-    cal = measure(make, cands, prompts, reference, clock=clock)
+    cal = calibrate(make, cands, prompts, reference, clock=clock)
     mon.stop()
     table = cal.finalists()
     label = select(table, cal.identical)

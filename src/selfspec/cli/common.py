@@ -98,6 +98,9 @@ def add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool =
         p.add_argument("--remeasure", action="store_true",
                        help=f"with --method {AUTO} or --kernels auto: calibrate again instead of using the cached "
                             "choice")
+        p.add_argument("--no-measure", action="store_true",
+                       help="measure nothing and write nothing: auto uses its cached choice, else plain ar; drafts "
+                            "are sized from cached cost profiles, else fixed sizes")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto (CUDA if available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (float32 gives exact greedy equality; default float32)")
@@ -164,6 +167,8 @@ def setup(args: argparse.Namespace) -> None:
     if getattr(args, "remeasure", False) and getattr(args, "method", None) not in (None, AUTO) \
             and getattr(args, "kernels", None) != "auto":
         raise SelfspecError(f"--remeasure applies where something is chosen: --method {AUTO} or --kernels auto")
+    if getattr(args, "remeasure", False) and getattr(args, "no_measure", False):
+        raise SelfspecError("--remeasure measures again and --no-measure measures nothing: drop one of them")
     check_device(args)
 
     if args.threads:
@@ -187,6 +192,8 @@ def load_generator(args: argparse.Namespace, method: str | None = None, model=No
     opts = method_options(args, method) if method else {}
     chooses = method == AUTO or (method is not None and model is None and args.kernels == "auto")
     extra = {"remeasure": True} if chooses and getattr(args, "remeasure", False) else {}
+    if getattr(args, "no_measure", False):
+        extra["measure"] = False
     return load(model=model or args.model, method=method or BASELINE, device=args.device, dtype=args.dtype,
                 trust_remote_code=args.trust_remote_code, kernels=None if model else args.kernels,
                 **extra, **opts)

@@ -159,7 +159,8 @@ def build(spec: MethodSpec, target, cfg: DraftModelConfig, ctx: BuildContext) ->
                        release_fp32=True)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.model.config.vocab_size,
                          draft.model.config.vocab_size, cfg.draft_model)
-    return DraftModelDrafter(draft.model, target.model.config.vocab_size, chain_budget(target, cfg.auto_k, cfg.k),
+    budget = chain_budget(target, cfg.auto_k, cfg.k, ctx.measure)
+    return DraftModelDrafter(draft.model, target.model.config.vocab_size, budget,
                              cfg.min_confidence if cfg.auto_k else 0.0)
 
 

@@ -329,7 +329,7 @@ def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> Eagl
 
     head, source = load_head_for(target, cfg.head, cfg.draft_vocab, spec.name)
     convert_linears(head, target.backend)  # the head's layer on the target's kernels, like its LM head
-    profile = None if cfg.total_tokens else target.cost_profile(hidden=True)
+    profile = None if cfg.total_tokens else target.cost_profile(hidden=True, measure=ctx.measure)
     return EagleDrafter(spec.name, target.model, head, cfg, profile, source,
                         draft_lm_head(target, head, cfg.draft_vocab))
 

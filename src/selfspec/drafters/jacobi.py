@@ -81,7 +81,7 @@ class JacobiDrafter(DrafterBase):
 
 
 def build(spec: MethodSpec, target, cfg: JacobiConfig, ctx: BuildContext) -> JacobiDrafter:
-    return JacobiDrafter(cfg, chain_budget(target, cfg.auto_m, cfg.m))
+    return JacobiDrafter(cfg, chain_budget(target, cfg.auto_m, cfg.m, ctx.measure))
 
 
 SPEC = MethodSpec("jacobi", JacobiConfig, build, True,

@@ -263,7 +263,7 @@ class MsnDrafter(DrafterBase):
 
 def build(spec: MethodSpec, target, cfg: MsnConfig, ctx: BuildContext) -> MsnDrafter:
     extra = tuple(q for q in (24, 32, 48, len(TEMPLATE) + 1) if q <= cfg.max_nodes + 1)  # the trees it may verify
-    profile = target.cost_profile(extra_qs=extra) if cfg.tree_size == 0 else None
+    profile = target.cost_profile(extra_qs=extra, measure=ctx.measure) if cfg.tree_size == 0 else None
     return MsnDrafter(cfg, profile)
 
 

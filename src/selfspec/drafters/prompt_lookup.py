@@ -74,7 +74,7 @@ class PromptLookupDrafter(DrafterBase):
 
 
 def build(spec: MethodSpec, target, cfg: PromptLookupConfig, ctx: BuildContext) -> PromptLookupDrafter:
-    return PromptLookupDrafter(cfg, chain_budget(target, cfg.auto_k, cfg.k))
+    return PromptLookupDrafter(cfg, chain_budget(target, cfg.auto_k, cfg.k, ctx.measure))
 
 
 SPEC = MethodSpec("pld", PromptLookupConfig, build, True, "prompt lookup: drafts copied from earlier text",

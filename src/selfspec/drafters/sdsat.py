@@ -256,7 +256,7 @@ def build(spec: MethodSpec, target, cfg: SdsatConfig, ctx: BuildContext) -> Sdsa
     ids, meta = finetuned_ids(target, "sdsat", parse_ids(cfg.adaptive_ids), "adaptive token", "adaptive_ids")
     val = (meta or {}).get("validation", {})
     prior = [val[f"acc{j}"] for j in range(2, (cfg.k or cfg.max_k) + 2) if f"acc{j}" in val]
-    profile = target.cost_profile() if cfg.k == 0 else None
+    profile = target.cost_profile(measure=ctx.measure) if cfg.k == 0 else None
     return SdsatDrafter(spec.name, spec.lossless, ids, cfg, profile, prior)
 
 

@@ -273,7 +273,7 @@ def draft_step_missing(target, cfg: SelfSpecConfig) -> bool:
 
 def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:
     skip, gamma, source, priors, vocab, kernels = resolve_skip(target, cfg)
-    budget = chain_budget(target, cfg.auto_k, gamma.max_draft)
+    budget = chain_budget(target, cfg.auto_k, gamma.max_draft, ctx.measure)
     lm_head, layers = draft_parts(target, vocab, kernels)
     draft_step = compiled_draft_step(target, skip, lm_head, layers)
     drafter = SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
@@ -282,7 +282,8 @@ def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> S
     if priors is not None and budget.profile is not None:  # start from what the search measured
         cost = priors[1]
         if lm_head is not None or layers is not None:  # the draft runs otherwise than it was searched
-            cost = cached_draft_ratio(target, skip, drafter.draft_model, lm_head, draft_step, vocab, kernels)
+            cost = cached_draft_ratio(target, skip, drafter.draft_model, lm_head, draft_step, vocab, kernels,
+                                      ctx.measure) or cost
         budget.set_prior(priors[0], cost * budget.profile.t1)
     return drafter
 

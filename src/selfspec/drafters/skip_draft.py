@@ -96,12 +96,13 @@ def measure_step_ratio(step: StaticStep, draft_step: StaticStep, context: int = 
 
 
 def cached_draft_ratio(target, skip: SkipSet, draft_model: torch.nn.Module, lm_head: DraftLMHead | None,
-                       draft_step: StaticStep | None, vocab: int, kernels: str) -> float:
+                       draft_step: StaticStep | None, vocab: int, kernels: str, measure: bool = True) -> float | None:
     """:func:`measure_draft_ratio` (:func:`measure_step_ratio` with a compiled draft step) of a
     self-spec draft (``draft_model``, skipping ``skip``, on ``kernels``), measured once per model,
     backend, machine and draft and then read from
     the profiles cache, so the budget's starting point (and with it the draft lengths under
-    rejection sampling) does not depend on the clock of each load."""
+    rejection sampling) does not depend on the clock of each load. ``measure`` off: the cached
+    ratio, else None (nothing is timed or written)."""
 
     from ..core.cost import profile_path, read_cache, save_cache
 
@@ -110,6 +111,8 @@ def cached_draft_ratio(target, skip: SkipSet, draft_model: torch.nn.Module, lm_h
     cached = read_cache(profile_path(key), lambda d: float(d["ratio"]) if d["key"] == key else 0.0)
     if cached is not None and cached > 0:
         return cached
+    if not measure:
+        return None
     if draft_step is not None and target.step is not None:
         ratio = measure_step_ratio(target.step, draft_step)
     else:

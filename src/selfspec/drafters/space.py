@@ -160,7 +160,7 @@ def build(spec: MethodSpec, target, cfg: SpaceConfig, ctx: BuildContext) -> Spac
     val = (meta or {}).get("validation", {})
     prior = [val[f"acc{j}"] for j in range(2, (cfg.k or cfg.max_k) + 2) if f"acc{j}" in val]
     extra = tuple(step_tokens(k) for k in range(2, cfg.max_k + 1))  # masked forwards: up to 1 + k(k + 2)
-    profile = target.cost_profile(extra_qs=extra) if cfg.k == 0 else None
+    profile = target.cost_profile(extra_qs=extra, measure=ctx.measure) if cfg.k == 0 else None
     return SpaceDrafter(spec.name, spec.lossless, ids[0], cfg, profile, prior)
 
 

@@ -35,12 +35,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BuildContext:
-    """What builders may use besides the target: how to load further models."""
+    """What builders may use besides the target: how to load further models, and whether they may
+    measure (``measure=False``: cached cost profiles and draft costs only, else fixed sizes; nothing
+    is timed or written)."""
 
     device: object
     dtype: object
     trust_remote_code: bool
     kernels: str = "stock"
+    measure: bool = True
 
 
 @dataclass(frozen=True)
@@ -184,12 +187,12 @@ def check_numbers(cfg: object, method: str) -> None:
             raise SelfspecError(f"{method} needs {f.name} to be {what}{flag_of(cfg, f.name)}, not {value!r}")
 
 
-def chain_budget(target: Runner, auto: bool, k: int) -> ChainBudget:
+def chain_budget(target: Runner, auto: bool, k: int, measure: bool = True) -> ChainBudget:
     """The draft-length budget of a chain drafter: sized from the target's measured verify-cost
-    profile when ``auto``, else always ``k``."""
+    profile when ``auto`` (with ``measure`` off: a cached one, else always ``k``), else always ``k``."""
     from .budget import ChainBudget
 
-    profile = target.cost_profile() if auto else None
+    profile = target.cost_profile(measure=measure) if auto else None
     return ChainBudget(profile, k)
 
 

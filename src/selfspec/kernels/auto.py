@@ -42,16 +42,20 @@ def quick_cost(model: nn.Module, model_name: str) -> float:
     return sum(prof.seconds)
 
 
-def choose(model: nn.Module, model_name: str, runner_model: Callable[[str], nn.Module]) -> str:
+def choose(model: nn.Module, model_name: str, runner_model: Callable[[str], nn.Module], measure: bool = True) -> str:
     """The backend with the lowest :func:`quick_cost`; cached per model and machine.
     ``runner_model(backend)``: the module tree of ``model``'s runner on that backend (built once
-    by the caller; :meth:`~selfspec.models.runner.LoadedModel.runner`)."""
+    by the caller; :meth:`~selfspec.models.runner.LoadedModel.runner`). ``measure`` off: the cached
+    choice, else ``stock`` (nothing is timed or written)."""
     cands = candidates(model)
     if len(cands) == 1:
         return cands[0]
     choice = read_cache(profile_path(profile_key(model, model_name, "auto-choice")), lambda d: d["backend"])
     if isinstance(choice, str) and choice in cands:  # corrupt or unreadable: measured again, never trusted
         return choice
+    if not measure:
+        log.info(f"kernels auto: nothing measured (measure off) and no cached choice: stock kernels for {model_name}")
+        return "stock"
     log.info(f"timing fp32 kernels ({', '.join(cands)}) for {model_name} on this machine (once) ...")
     samples: dict[str, list[float]] = {name: [] for name in cands}
     for _ in range(ROUNDS):  # interleaved, so a change of machine load hits every candidate alike

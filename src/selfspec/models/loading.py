@@ -125,6 +125,7 @@ def load_model(
     attn_implementation: str = "sdpa",
     kernels: str = "stock",
     release_fp32: bool = False,
+    measure: bool = True,
 ) -> Runner:
     """Load model ``spec`` for inference (eval mode, no grad); returns its runner on backend
     ``kernels`` (``auto``: the fastest fp32 one by a quick timing, :mod:`selfspec.kernels.auto`).
@@ -132,7 +133,8 @@ def load_model(
     over the same weights.
 
     ``release_fp32`` frees the fp32 weights behind converted layers (saves memory; the model
-    then runs on that backend only)."""
+    then runs on that backend only). ``measure`` off: ``auto`` kernels are the cached choice, else
+    ``stock``; nothing is timed or written."""
     from ..kernels import KERNELS
 
     if kernels not in KERNELS:
@@ -169,7 +171,7 @@ def load_model(
     if kernels == "auto":  # the fastest fp32 runner by a quick timing, cached (kernels.auto)
         from ..kernels.auto import choose
 
-        kernels = choose(model, spec, lambda k: loaded.runner(k).model)
+        kernels = choose(model, spec, lambda k: loaded.runner(k).model, measure)
         loaded.keep_only(kernels)
     runner = loaded.runner(kernels)
     if release_fp32 and kernels not in ("stock", "compiled"):

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.cost import CostProfile, load_or_measure, profile_key
+from ..core.cost import CostProfile, load_or_measure, profile_key, read_cached
 from ..errors import SelfspecError
 from ..kernels.swap import share_copy
 from .compiled_step import StaticStep
@@ -207,12 +207,15 @@ class Runner:
         version = hashlib.sha256(code_version().encode()).hexdigest()[:12]
         return f"{profile_key(self.model, self.name, self.backend, stepped=True)}|step-code={version}"
 
-    def cost_profile(self, hidden: bool = False, extra_qs: tuple[int, ...] = (),
-                     remeasure: bool = False) -> CostProfile:
+    def cost_profile(self, hidden: bool = False, extra_qs: tuple[int, ...] = (), remeasure: bool = False,
+                     measure: bool = True) -> CostProfile | None:
         """The verify cost profile T(q) of this runner, cached per machine
         (:func:`~selfspec.core.cost.load_or_measure`): timed through the compiled step on the
         ``compiled`` backend (with hidden states when the method verifies with them, ``hidden``),
-        else through the eager forward."""
+        else through the eager forward. ``measure`` off: the cached profile, else None (nothing
+        is timed or written)."""
+        if not measure:
+            return read_cached(self.cost_key)
         return load_or_measure(self.model, self.cost_key, self.name, remeasure=remeasure, extra_qs=extra_qs,
                                step=self.step, hidden=hidden)
 
