@@ -12,6 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 import selfspec.api
+import selfspec.autoselect.configure
 
 # One torch thread per test process. Tests on tiny models run microsecond-sized ops, and a second
 # OpenMP thread made each 10-20x slower whenever the 2 cores were shared (a 64-wide linear: 5 us on
@@ -110,7 +111,7 @@ def refuse_loading(monkeypatch):
 
 
 REAL_HOME = os.environ.get("SELFSPEC_HOME")
-REAL_COMPILED_READY = selfspec.api.compiled_ready
+REAL_COMPILED_READY = selfspec.autoselect.configure.compiled_ready
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +119,7 @@ def _auto_sees_no_saved_steps(monkeypatch):
     """``auto`` also times the compiled backend for the methods whose steps are saved here, and the
     tests' shared compile cache fills as compiled tests run: without this, a test's candidates would
     depend on which tests ran before it. Tests of that path use :data:`REAL_COMPILED_READY`."""
-    monkeypatch.setattr(selfspec.api, "compiled_ready", lambda target, methods: [])
+    monkeypatch.setattr(selfspec.autoselect.configure, "compiled_ready", lambda target, methods: [])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -331,7 +331,7 @@ def spy_on_choose(monkeypatch) -> list[list[str]]:
         seen.append([c.label for c in cands])
         return real(target, make, cands, reference, **kw)
 
-    monkeypatch.setattr(autoselect, "choose", spy)
+    monkeypatch.setattr(selfspec.autoselect.configure, "choose", spy)
     return seen
 
 
@@ -345,7 +345,7 @@ def test_auto_leaves_out_a_compiled_candidate_whose_draft_step_is_not_saved(tiny
 
     from .conftest import pretend_draft_step_saved
 
-    monkeypatch.setattr(selfspec.api, "compiled_ready", lambda target, methods: list(methods))
+    monkeypatch.setattr(selfspec.autoselect.configure, "compiled_ready", lambda target, methods: list(methods))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(StaticStep, "_step_for", lambda self, shape, kwargs: self.model.forward)
     target = load_model(str(tiny_dir), kernels="stock")
@@ -432,7 +432,7 @@ def test_auto_times_the_compiled_backend_only_for_methods_whose_steps_are_saved(
 
     from .conftest import REAL_COMPILED_READY
 
-    monkeypatch.setattr(selfspec.api, "compiled_ready", REAL_COMPILED_READY)
+    monkeypatch.setattr(selfspec.autoselect.configure, "compiled_ready", REAL_COMPILED_READY)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(StaticStep, "_step_for", lambda self, shape, kwargs: self.model.forward)
     seen = spy_on_choose(monkeypatch)
@@ -443,8 +443,8 @@ def test_auto_times_the_compiled_backend_only_for_methods_whose_steps_are_saved(
         selfspec.load(target, method="auto", kernels="compiled", self_test=False)
     (tmp_path / "aot").mkdir()
     (tmp_path / "aot" / "step-1x512-pretend.bin").write_bytes(b"")
-    blocks = selfspec.api.compiled_blocks  # ar's blocks are pld's too (the prompt's): here ar's are its one step
-    monkeypatch.setattr(selfspec.api, "compiled_blocks", lambda m: (1,) if m == "ar" else blocks(m))
+    blocks = selfspec.autoselect.configure.compiled_blocks  # ar's are pld's too (the prompt's): here its one step
+    monkeypatch.setattr(selfspec.autoselect.configure, "compiled_blocks", lambda m: (1,) if m == "ar" else blocks(m))
     monkeypatch.setattr(StaticStep, "missing", lambda self, capacity, sizes, want_hidden:
                         [] if tuple(sizes) == (1,) else [(2, capacity, want_hidden)])
     g = selfspec.load(target, method="auto", kernels="auto", self_test=False, remeasure=True)

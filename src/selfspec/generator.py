@@ -23,8 +23,9 @@ from .decoding.loop import run
 from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
 from .errors import SelfspecError
-from .models.compiled_step import capacity_for
+from .models.compiled_step import MIN_CAPACITY, capacity_for
 from .models.runner import Runner
+from .registry import METHODS, BuildContext, method_config
 
 log = logging.getLogger("selfspec.auto")
 
@@ -307,3 +308,19 @@ class SpeculativeGenerator:
             if state.done:
                 piece += text.flush(stopped=state.finish_reason == "stop")
             yield piece, new
+
+
+def build(target: Runner, method: str, options: dict, trust_remote_code: bool,
+          sizes: tuple[int, ...] = (1,), measure: bool = True) -> SpeculativeGenerator:
+    """``method`` with ``options`` verified on runner ``target``, through the registry. On the
+    compiled backend, the steps of blocks of ``sizes`` compile (or load from the cache) now, not
+    mid-request. ``measure`` off: nothing is timed or written (cached measurements, else fixed sizes)."""
+    ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code,
+                       kernels=target.backend, measure=measure)
+    spec = METHODS[method]
+    drafter = spec.build(target, method_config(method, options), ctx)
+    if target.step is not None:
+        target.step.warm_up(MIN_CAPACITY, sizes, drafter.needs_hidden)
+    g = SpeculativeGenerator(target, method, drafter, spec.lossless)
+    g.measure = measure
+    return g

@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
+from selfspec.autoselect.kernels import choose, fastest_runner
 from selfspec.core.cost import profile_key, profile_path
 from selfspec.errors import SelfspecError
 from selfspec.kernels import KERNELS, current_backend
-from selfspec.kernels.auto import candidates, choose
+from selfspec.kernels.auto import candidates
 from selfspec.kernels.onednn import available as onednn_available
 from selfspec.models.loading import load_model
 
@@ -28,7 +29,7 @@ def test_onednn_is_the_same_model_up_to_rounding(tiny_dir):
 
 
 def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir, monkeypatch):
-    from selfspec.kernels import auto
+    from selfspec.autoselect import kernels as auto
 
     t = load_model(str(tiny_dir))
     assert set(candidates(t.model)) <= {"stock", "onednn"}
@@ -38,7 +39,7 @@ def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir, monkeypatch)
     if len(candidates(t.model)) > 1:
         saved = json.loads(path.read_text())
         assert saved["backend"] == choice and set(saved["seconds"]) == set(candidates(t.model))
-    assert load_model(str(tiny_dir), kernels="auto").backend in candidates(t.model)
+    assert fastest_runner(load_model(str(tiny_dir)).base).backend in candidates(t.model)
 
     def no_timing(model, name):
         raise AssertionError("a cached choice must not be measured again")
@@ -48,7 +49,7 @@ def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir, monkeypatch)
 
 
 def test_auto_remeasures_a_corrupt_choice(tiny_dir, monkeypatch):
-    from selfspec.kernels import auto
+    from selfspec.autoselect import kernels as auto
 
     t = load_model(str(tiny_dir))
     if len(candidates(t.model)) == 1:

@@ -155,3 +155,50 @@ def test_two_generators_on_the_compiled_runner_compiled_give_their_solo_ids(tiny
     assert spec.target is t and spec.drafter.draft_step is not None and spec.drafter.draft_step.compile
     pld = selfspec.load(t, method="pld", kernels="onednn", self_test=False)
     solo_then_together([ar, spec, pld])
+
+
+def test_the_compiled_backend_on_a_torch_it_does_not_know_runs_onednn_with_a_note(tiny_dir, monkeypatch, caplog):
+    """The saved steps rest on private torch internals written for :data:`aot_step.KNOWN_TORCH`: on
+    another release the compiled runner is the onednn one (stock where onednn cannot run), said in
+    one line, and decodes ``ar``'s ids there; on a known release it is the compiled one."""
+    import logging
+
+    from selfspec.models import aot_step
+
+    t = load_model(str(tiny_dir))
+    assert aot_step.route(torch.device("cpu")) in ("saved", "public")
+    monkeypatch.setattr(torch, "__version__", "9.1.0+cpu")
+    assert aot_step.route(torch.device("cpu")) is None and not aot_step.supported(torch.device("cpu"))
+    with caplog.at_level(logging.WARNING, logger="selfspec.models"):
+        r = t.runner("compiled")
+    said = [x.getMessage() for x in caplog.records if "not offered on torch 9.1.0" in x.getMessage()]
+    expected = "onednn" if NO_ONEDNN is None else "stock"
+    assert len(said) == 1 and r.backend == expected and r.step is None
+    g = selfspec.load(t, method="ar", kernels="compiled", self_test=False)
+    assert g.kernels == expected
+    monkeypatch.setenv(aot_step.ROUTE_ENV, "public")  # the public route asks for no private internal
+    assert aot_step.route(torch.device("cpu")) == "public"
+
+
+@pytest.mark.matrix
+@pytest.mark.skipif(NO_ONEDNN is not None, reason=f"no oneDNN here: {NO_ONEDNN}")
+def test_the_compiled_tier_on_the_public_route_gives_ars_ids(tiny_dir, monkeypatch):
+    """With ``$SELFSPEC_COMPILE_ROUTE=public`` the compiled backend compiles with ``torch.compile``
+    and its own caches (no saved steps, no private torch internals): ``ar`` through the compiled
+    step, and ``self-spec`` verifying through it and drafting through its own compiled int8 step,
+    give the ids of ``ar`` on the eager kernels; nothing is saved."""
+    from selfspec.models import aot_step
+
+    monkeypatch.setenv(aot_step.ROUTE_ENV, "public")
+    monkeypatch.setattr(aot_step, "compile_step", lambda *a, **kw: pytest.fail("the private route ran"))
+    monkeypatch.setattr(aot_step, "load_step", lambda *a, **kw: pytest.fail("the private route ran"))
+    t = load_model(str(tiny_dir), kernels="compiled")
+    ar = selfspec.load(t, method="ar", self_test=False)
+    spec = selfspec.load(t, method="self-spec", self_test=False, skip_attention=(), skip_mlp=(), draft_kernels="int8",
+                         draft_vocab=0, k=3, auto_k=False)
+    assert spec.drafter.draft_step is not None
+    ref = selfspec.load(t, method="ar", kernels="stock", self_test=False)
+    for p in PROMPTS:
+        want = ref.generate(p, max_new_tokens=NEW, ignore_eos=True).token_ids
+        assert ar.generate(p, max_new_tokens=NEW, ignore_eos=True).token_ids == want
+        assert spec.generate(p, max_new_tokens=NEW, ignore_eos=True).token_ids == want

@@ -30,7 +30,12 @@ def run(args: argparse.Namespace) -> int:
     setup(args)
     if args.max_q < 1 or args.reps < 1:
         raise SelfspecError("--max-q and --reps must be at least 1")
-    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code, kernels=args.kernels)
+    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code,
+                        kernels="stock" if args.kernels == "auto" else args.kernels)
+    if args.kernels == "auto":  # the fastest fp32 runner by a quick timing, cached
+        from ..autoselect.kernels import fastest_runner
+
+        target = fastest_runner(target.base)
     key = target.cost_key
     qs = tuple(q for q in cost.PROFILE_QS if q < args.max_q) + (args.max_q,)
     # a cache that stops short of --max-q, or has drifted, is measured again (with the qs it had)

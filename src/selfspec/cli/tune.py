@@ -76,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code, kernels=args.kernels)
+    target = load_model(args.model, args.device, args.dtype, args.trust_remote_code,
+                        kernels="stock" if args.kernels == "auto" else args.kernels)
+    if args.kernels == "auto":  # the fastest fp32 runner by a quick timing, cached
+        from ..autoselect.kernels import fastest_runner
+
+        target = fastest_runner(target.base)
     cfg, path = TUNERS[args.method](target, opts)
     s = cfg.search
     what = (f"measured {s.get('tokens_per_s', 0):.1f} tok/s, {s.get('speedup', 0):.2f}x ar" if args.objective == "speed"

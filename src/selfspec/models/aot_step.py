@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import platform
 import re
 import sys
@@ -49,15 +50,36 @@ log = logging.getLogger(__name__)
 _MODULE_REF = re.compile(r"'(___module_(\w+?)_\d+_c\d+)'")
 
 
-def supported(device: torch.device) -> bool:
-    """Whether steps on ``device`` are saved and loaded: CPU, on a PyTorch with ``aot_compile``."""
-    if device.type != "cpu":
-        return False
+KNOWN_TORCH = ("2.13",)
+"""The torch releases (major.minor) whose private internals this module was written and tested
+against: turning a saved step's guards off, binding its module references again, and Inductor's
+ISA probe. On another release the CPU's ``compiled`` backend is not offered (:func:`route`)."""
+ROUTE_ENV = "SELFSPEC_COMPILE_ROUTE"
+"""``public``: compile CPU steps with ``torch.compile`` and its own caches in every process (no
+private torch internals, no saved steps); unset or ``saved``: this module's saved steps where
+:func:`route` allows them."""
+
+
+def route(device: torch.device) -> str | None:
+    """How the ``compiled`` backend compiles its steps on ``device``: ``saved`` (this module: steps
+    compiled ahead of time and saved, loaded without tracing; CPU, a torch of :data:`KNOWN_TORCH`
+    with ``aot_compile``), ``public`` (``torch.compile`` with its own caches: CUDA, where CUDA graphs
+    need it; or ``$SELFSPEC_COMPILE_ROUTE=public``), or None: a CPU torch this module does not know,
+    where the backend is not offered (the ``onednn`` runner runs instead, with a note)."""
+    if device.type != "cpu" or os.environ.get(ROUTE_ENV, "").strip() == "public":
+        return "public"
+    if ".".join(torch.__version__.split("+")[0].split(".")[:2]) not in KNOWN_TORCH:
+        return None
     try:  # imports only: building a torch.compile wrapper to ask would import Inductor's compiler (1.3 s)
         from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph  # noqa: F401
     except ImportError:
-        return False
-    return bool(getattr(torch._dynamo.config, "enable_aot_compile", False))
+        return "public"
+    return "saved" if getattr(torch._dynamo.config, "enable_aot_compile", False) else "public"
+
+
+def supported(device: torch.device) -> bool:
+    """Whether steps on ``device`` are saved and loaded (:func:`route` is ``saved``)."""
+    return route(device) == "saved"
 
 
 def artifact_path(directory: str, model: torch.nn.Module, shape: tuple[int, int, bool]) -> Path:

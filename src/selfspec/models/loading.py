@@ -125,20 +125,21 @@ def load_model(
     attn_implementation: str = "sdpa",
     kernels: str = "stock",
     release_fp32: bool = False,
-    measure: bool = True,
 ) -> Runner:
-    """Load model ``spec`` for inference (eval mode, no grad); returns its runner on backend
-    ``kernels`` (``auto``: the fastest fp32 one by a quick timing, :mod:`selfspec.kernels.auto`).
+    """Load model ``spec`` for inference (eval mode, no grad); returns its runner on concrete backend
+    ``kernels``.
     ``runner.base`` is the :class:`LoadedModel`; ``runner.runner(k)`` is another backend's runner
     over the same weights.
 
     ``release_fp32`` frees the fp32 weights behind converted layers (saves memory; the model
-    then runs on that backend only). ``measure`` off: ``auto`` kernels are the cached choice, else
-    ``stock``; nothing is timed or written."""
+    then runs on that backend only)."""
     from ..kernels import KERNELS
 
     if kernels not in KERNELS:
         raise SelfspecError(f"unknown kernels '{kernels}'; choose one of: {', '.join(KERNELS)}")
+    if kernels == "auto":
+        raise SelfspecError("load_model takes concrete kernels; auto is chosen by selfspec.load (with the method) "
+                            "or selfspec.autoselect.kernels.fastest_runner")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -168,11 +169,6 @@ def load_model(
     model.to(dev).eval()
     model.requires_grad_(False)
     loaded = LoadedModel(model, tok, spec, path)
-    if kernels == "auto":  # the fastest fp32 runner by a quick timing, cached (kernels.auto)
-        from ..kernels.auto import choose
-
-        kernels = choose(model, spec, lambda k: loaded.runner(k).model, measure)
-        loaded.keep_only(kernels)
     runner = loaded.runner(kernels)
     if release_fp32 and kernels not in ("stock", "compiled"):
         loaded.release_fp32(kernels)

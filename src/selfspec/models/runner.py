@@ -104,6 +104,16 @@ class LoadedModel:
 
         if kernels == "stock":
             return Runner(self, self.model, "stock")
+        if kernels == "compiled":
+            from . import aot_step
+
+            if aot_step.route(self.device) is None:
+                from ..kernels.backends import compiled_layers
+
+                instead = compiled_layers(next(self.model.parameters()))  # onednn where it runs, else stock
+                log.warning(f"the compiled backend is not offered on torch {torch.__version__} (this selfspec knows "
+                            f"{', '.join(aot_step.KNOWN_TORCH)}): {self.name} runs on the {instead} kernels instead")
+                return self._runners.get(instead) or self._build(instead)
         model = share_copy(self.model)
         install_backend(model, kernels)
         extra = layer_bytes(model, self.model)
