@@ -202,3 +202,21 @@ def test_the_compiled_tier_on_the_public_route_gives_ars_ids(tiny_dir, monkeypat
         want = ref.generate(p, max_new_tokens=NEW, ignore_eos=True).token_ids
         assert ar.generate(p, max_new_tokens=NEW, ignore_eos=True).token_ids == want
         assert spec.generate(p, max_new_tokens=NEW, ignore_eos=True).token_ids == want
+
+
+@pytest.mark.skipif(NO_ONEDNN is not None, reason=f"no oneDNN here: {NO_ONEDNN}")
+def test_self_spec_drafters_over_one_model_share_one_int8_draft_runner(tiny_dir):
+    """The int8 copy of the weights is made once per (verify runner, kernels, layout) and shared by
+    every self-spec drafter over the loaded model, in two threads too; another skip set is a tree
+    of its own over the same draft runner; ``auto`` keeping a backend keeps its draft runners."""
+    t = load_model(str(tiny_dir), kernels="onednn")
+    a = selfspec.load(t, method="self-spec", self_test=False, skip_attention=(), skip_mlp=(2,), draft_kernels="int8",
+                      draft_vocab=0, k=3, auto_k=False)
+    b = selfspec.load(t, method="self-spec", self_test=False, skip_attention=(1,), skip_mlp=(), draft_kernels="int8",
+                      draft_vocab=0, k=2, auto_k=False)
+    assert a.drafter.layers is b.drafter.layers and a.drafter.layers.extra_bytes > 0
+    assert a.drafter.draft_model is not b.drafter.draft_model
+    assert "onednn>int8" in t.base.built()
+    solo_then_together([a, b])
+    t.base.keep_only("onednn")
+    assert set(t.base.built()) == {"onednn", "onednn>int8"}

@@ -36,8 +36,9 @@ from ..decoding.protocol import DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..kernels.int8 import layer_classes as int8_layer_classes
-from ..kernels.switch import DRAFT_KERNELS, DraftLayers, layout_fits
+from ..kernels.switch import DRAFT_KERNELS, layout_fits
 from ..models.compiled_step import MIN_CAPACITY, StaticStep, compile_cache_dir, step_shapes
+from ..models.runner import Runner
 from ..models.skipping import SkipSet, skipped
 from .budget import ChainBudget, ChainDraft, DraftRule, GammaExit
 from .skip_config import GammaSettings, find
@@ -94,7 +95,7 @@ class SelfSpecDrafter(DrafterBase):
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
                  source: str = "explicit", lm_head: DraftLMHead | None = None,
-                 layers: DraftLayers | None = None, draft_step: StaticStep | None = None) -> None:
+                 layers: Runner | None = None, draft_step: StaticStep | None = None) -> None:
         """
         Args:
             model: the verify runner's module tree (left as it is); the draft is a module tree of
@@ -107,7 +108,8 @@ class SelfSpecDrafter(DrafterBase):
             min_confidence: ``cost`` exit threshold on the product of confidences.
             source: where the skip set came from (a skip config path or ``explicit``).
             lm_head: a reduced draft LM head (None: the model's own).
-            layers: the draft's module tree on other kernels (int8 weights), or None.
+            layers: the draft runner on other kernels (int8 weights;
+                :meth:`~selfspec.models.runner.LoadedModel.draft_runner`), or None.
             draft_step: the compiled one-token step of ``layers``' module tree
                 (the ``compiled`` backend with an int8 draft of the whole model and its own LM
                 head: :func:`compiled_draft_step`), or None: they run eagerly.
@@ -221,29 +223,25 @@ def resolve_skip(target, cfg: SelfSpecConfig
     return skip, dataclasses.replace(gamma, **over), source, priors, vocab, kernels
 
 
-def draft_parts(target, vocab_size: int, kernels: str) -> tuple[DraftLMHead | None, DraftLayers | None]:
-    """The draft LM head over a reduced vocabulary (None: the model's own) and the draft's module
-    tree on other kernels (None: the verify runner's; also when the runner itself is int8)."""
+def draft_parts(target, vocab_size: int, kernels: str, skip: SkipSet | None = None
+                ) -> tuple[DraftLMHead | None, Runner | None]:
+    """The draft LM head over a reduced vocabulary (None: the model's own) and the draft runner on
+    other kernels (None: the verify runner's; also when the runner itself is int8), shared with
+    every drafter of the same kind over the loaded model
+    (:meth:`~selfspec.models.runner.LoadedModel.draft_runner`).
+    On the ``compiled`` backend (CPU) an int8 draft of the whole model (nothing skipped) with its own
+    LM head gets the draft runner with the few-row layout and its own one-token compiled step,
+    saved and loaded like the verify steps (its file's name differs by the int8 layer classes)."""
     from ..models.draft_vocab import draft_vocab_for
 
     kernels = "same" if kernels == target.backend else kernels
     vocab = draft_vocab_for(target, vocab_size)
     head_backend = kernels if kernels != "same" else target.backend
     lm_head = DraftLMHead(target.model.get_output_embeddings(), vocab, head_backend) if vocab is not None else None
-    return lm_head, (DraftLayers(target.model, kernels) if kernels != "same" else None)
-
-
-def compiled_draft_step(target, skip: SkipSet, lm_head: DraftLMHead | None,
-                        layers: DraftLayers | None) -> StaticStep | None:
-    """The one-token step the draft passes compile to on the ``compiled`` backend (CPU): an int8
-    draft of the whole model (nothing skipped) with its own LM head, whose layers get the few-row
-    layout of their int8 weights (:meth:`~selfspec.kernels.switch.DraftLayers.add_layout`). The
-    step is the stock forward of the draft's module tree compiled, saved and loaded like the
-    verify steps (its file's name differs by the int8 layer classes). None where the draft stays eager."""
-    step = target.step
-    if not _draft_steps(target, skip, lm_head is None, layers.kernels if layers else "same") or not layers.add_layout():
-        return None
-    return StaticStep(layers.model, compile=step.compile)
+    if kernels == "same":
+        return lm_head, None
+    layout = _draft_steps(target, skip or SkipSet(), lm_head is None, kernels)
+    return lm_head, target.base.draft_runner(target, kernels, layout)
 
 
 def _draft_steps(target, skip: SkipSet, own_head: bool, kernels: str) -> bool:
@@ -274,8 +272,8 @@ def draft_step_missing(target, cfg: SelfSpecConfig) -> bool:
 def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> SelfSpecDrafter:
     skip, gamma, source, priors, vocab, kernels = resolve_skip(target, cfg)
     budget = chain_budget(target, cfg.auto_k, gamma.max_draft, ctx.measure)
-    lm_head, layers = draft_parts(target, vocab, kernels)
-    draft_step = compiled_draft_step(target, skip, lm_head, layers)
+    lm_head, layers = draft_parts(target, vocab, kernels, skip)
+    draft_step = layers.step if layers is not None else None
     drafter = SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
                               source, lm_head, layers, draft_step)
     drafter.warm_up(MIN_CAPACITY)  # a compiled draft step: compiled or loaded now, not mid-request

@@ -121,16 +121,38 @@ class LoadedModel:
             log.info(f"{self.name}: the {kernels} runner holds {extra / 2**20:.0f} MiB of its own weight copies")
         return Runner(self, model, kernels)
 
+    def draft_runner(self, verify: Runner, kernels: str, layout: bool = False) -> Runner:
+        """The draft runner over ``verify``'s module tree (:class:`~selfspec.kernels.switch.DraftLayers`:
+        its linear layers on ``kernels``, ``int8`` or ``bf16``; ``verify``'s attention), built once
+        per (verify backend, kernels, layout) and shared by every drafter that asks (its weight copy
+        is made once). With ``layout`` (int8 beside the ``compiled`` runner) its layers also get the
+        few-row layout and the runner its own one-token :class:`StaticStep`, where the layout fits;
+        else it has no step (``runner.step`` is None) and drafts run eagerly."""
+        from ..kernels.switch import DraftLayers
+
+        key = f"{verify.backend}>{kernels}{'+layout' if layout else ''}"
+        with self._lock:
+            r = self._runners.get(key)
+            if r is None:
+                layers = DraftLayers(verify.model, kernels)
+                step = None
+                if layout and layers.add_layout():
+                    step = StaticStep(layers.model, compile=verify.step.compile if verify.step is not None else True)
+                log.info(f"{self.name}: the {kernels} draft beside the {verify.backend} runner holds "
+                         f"{layers.extra_bytes / 2**20:.0f} MiB of its own weight copies")
+                r = self._runners[key] = Runner(self, layers.model, kernels, _step=step, extra_bytes=layers.extra_bytes)
+            return r
+
     def built(self) -> list[str]:
-        """The backends whose runners are built (and held) now."""
+        """The runners built (and held) now: backends, and draft runners as ``verify>kernels[+layout]``."""
         with self._lock:
             return list(self._runners)
 
     def keep_only(self, kernels: str) -> None:
-        """Drop every runner but the one on ``kernels`` (their weight copies are freed once nothing
-        else holds them): ``auto`` keeps its choice and frees the candidates it timed."""
+        """Drop every runner but the one on ``kernels`` and its draft runners (their weight copies are
+        freed once nothing else holds them): ``auto`` keeps its choice and frees the candidates it timed."""
         with self._lock:
-            for k in [k for k in self._runners if k != kernels]:
+            for k in [k for k in self._runners if k != kernels and not k.startswith(f"{kernels}>")]:
                 del self._runners[k]
 
     def release_fp32(self, kernels: str) -> int:
@@ -168,13 +190,16 @@ class Runner:
     Attributes:
         base: the loaded model whose weights it runs.
         model: this runner's module tree (stock HF classes; the backend's linear layers installed).
-        backend: ``stock``, ``onednn``, ``int8`` (a quantised model) or ``compiled``.
+        backend: ``stock``, ``onednn``, ``int8`` (a quantised model) or ``compiled``; a draft
+            runner's (:meth:`LoadedModel.draft_runner`): its draft kernels, ``int8`` or ``bf16``.
+        extra_bytes: what a draft runner's own weight copies take (0 for the others: logged at build).
     """
 
     base: LoadedModel
     model: torch.nn.Module
     backend: str
     _step: StaticStep | None = field(default=None, repr=False)
+    extra_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def runner(self, kernels: str) -> Runner:
@@ -195,12 +220,11 @@ class Runner:
 
     @property
     def step(self) -> StaticStep | None:
-        """The compiled static-shape verify step of the ``compiled`` runner (made on first use,
-        then kept with its compiled graphs and its cache pool), else None: verification runs eagerly."""
-        if self.backend != "compiled":
-            return None
+        """The compiled static-shape step of the ``compiled`` runner (made on first use, then kept with
+        its compiled graphs and its cache pool) or of a draft runner that has one, else None:
+        verification runs eagerly."""
         with self._lock:
-            if self._step is None:
+            if self._step is None and self.backend == "compiled":
                 self._step = StaticStep(self.model)
             return self._step
 

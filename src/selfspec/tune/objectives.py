@@ -31,11 +31,10 @@ from ..drafters.budget import ChainBudget, DraftRule, GammaExit
 from ..drafters.skip_config import DraftCost, GammaSettings
 from ..drafters.skip_draft import draft_forward
 from ..drafters.vocab import DraftLMHead
-from ..kernels.switch import DraftLayers
 from ..models.loading import Runner
 from ..models.skipping import SkipSet, decoder_layers, skipped
 
-DraftParts = tuple[DraftLMHead | None, DraftLayers | None]  # drafters.self_spec.draft_parts
+DraftParts = tuple[DraftLMHead | None, Runner | None]  # drafters.self_spec.draft_parts
 
 
 @torch.inference_mode()
