@@ -35,10 +35,10 @@ class InvariantChecker(Wrapped):
         super().__init__(inner)
         self.checks = 0
 
-    def propose(self, state):
+    def propose(self, state, budget=None):
         assert state.cache.get_seq_length() == len(state.ids) - 1
         self.checks += 1
-        return self.inner.propose(state)
+        return self.inner.propose(state, budget)
 
 
 BACKENDS = [(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8", "compiled")]
@@ -219,7 +219,7 @@ def test_eagle_oracle_pool_all_accepted(target, references):
                       self_test=False)
     ctx: dict = {}
 
-    def oracle(h_last, position, state):
+    def oracle(h_last, position, state, sizer):
         fut = ctx["ref"][len(state.ids) - ctx["plen"]:]
         scores, tokens, parents = [], [], []
         parent = -1
@@ -326,10 +326,10 @@ def test_jacobi_guesses_right_for_exactly_j(target, references, j):
     ctx: dict = {}
     propose = d.propose
 
-    def oracle_propose(state):
+    def oracle_propose(state, budget):
         fut = ctx["ref"][len(state.ids) - ctx["plen"]:]
         d.guesses = fut[:j] + [(t + 1) % VOCAB for t in fut[j:K]]
-        return propose(state)
+        return propose(state, budget)
 
     d.propose = oracle_propose
     for p, ref in zip(PROMPTS, references):

@@ -32,11 +32,11 @@ class Uncounted(Wrapped):
         self.reads = reads
         self.at_propose: list[int] = []
 
-    def propose(self, state):
+    def propose(self, state, budget=None):
         self.at_propose.append(self.reads.count)
         self.reads.paused = True
         try:
-            return self.inner.propose(state)
+            return self.inner.propose(state, budget)
         finally:
             self.reads.paused = False
 

@@ -1,6 +1,6 @@
 """Drafters propose, the controller teaches: every sizer (ChainBudget, DraftRule, NodeRates,
 TreeSizer) learns only through ``DraftController.observe``, never from its drafter, and each
-sizer's ``observe`` reads the proposal's sizing record as its drafter wrote it."""
+sizer's ``observe`` reads the step budget's record as its drafter wrote it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import selfspec
 from selfspec.core.acceptance import Verdict
 from selfspec.core.tree import DraftTree
-from selfspec.decoding.protocol import Proposal
+from selfspec.decoding.protocol import Budget
 from selfspec.decoding.state import StepTime
 from selfspec.drafters.backoff import TreeDraft, TreeSizer
 from selfspec.drafters.budget import ChainBudget, ChainDraft, PositionalAcceptance
@@ -58,22 +58,22 @@ def _chain(n: int) -> DraftTree:
 def test_chain_budget_learns_draft_cost_only_from_a_drafted_record():
     b = ChainBudget(None, 4)
     acc, rej = b.accepted, b.rejected
-    b.observe(Proposal(_chain(3)), Verdict([0, 1], 9), StepTime(0.5, 1.0))  # copied drafts: acceptance only
+    b.observe(Budget(b), _chain(3), Verdict([0, 1], 9), StepTime(0.5, 1.0))  # copied drafts: acceptance only
     assert (b.accepted, b.rejected) == pytest.approx((acc * b.decay + 1, rej * b.decay + 1)) and b.draft_cost == 0
-    b.observe(Proposal(_chain(2), sizing=ChainDraft(4, (0.9, 0.8, 0.2, 0.1))), Verdict([0, 1, 2], 9),
+    b.observe(Budget(b, ChainDraft(4, (0.9, 0.8, 0.2, 0.1))), _chain(2), Verdict([0, 1, 2], 9),
               StepTime(0.4, 1.0))
     assert b.draft_cost == pytest.approx(0.1)  # 0.4 s for 4 drafted tokens (2 verified)
     cost = b.draft_cost
-    b.observe(Proposal(_chain(2), sizing=ChainDraft(2, (0.9, 0.8))), Verdict([0], 9), StepTime())  # rejection
+    b.observe(Budget(b, ChainDraft(2, (0.9, 0.8))), _chain(2), Verdict([0], 9), StepTime())  # rejection
     assert b.draft_cost == cost
 
 
 def test_positional_acceptance_learns_along_the_verified_depth():
     p = PositionalAcceptance(None, 4, [0.5] * 4)
     start = p.rates()
-    p.observe(Proposal(_chain(0)), Verdict([0], 9), StepTime(0.1, 0.2))  # a draft step: nothing verified
+    p.observe(Budget(p), _chain(0), Verdict([0], 9), StepTime(0.1, 0.2))  # a draft step: nothing verified
     assert p.rates() == start
-    p.observe(Proposal(_chain(3)), Verdict([0, 1, 2, 3], 9), StepTime(0.1, 0.2))
+    p.observe(Budget(p), _chain(3), Verdict([0, 1, 2, 3], 9), StepTime(0.1, 0.2))
     assert all(a > b for a, b in zip(p.rates()[:3], start[:3])) and p.rates()[3] == start[3]
 
 
@@ -83,14 +83,14 @@ def test_tree_sizer_calibrates_every_drafted_node_and_times_drafted_and_backed_o
     s = TreeSizer(CostProfile((1, 2, 5), (0.1, 0.15, 0.3), 256, "k"))
     tree = DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, 0]))  # two children of the root
     hits = list(s.calibration.hits)
-    s.observe(Proposal(tree, sizing=TreeDraft((0.55, 0.35))), Verdict([0, 2], 9), StepTime())
+    s.observe(Budget(s, TreeDraft((0.55, 0.35))), tree, Verdict([0, 2], 9), StepTime())
     assert s.calibration.hits[5] == pytest.approx(hits[5] * s.calibration.decay)  # node 1: tested, rejected
     assert s.calibration.hits[3] == pytest.approx(hits[3] * s.calibration.decay + 1)  # node 2: accepted
     assert s.backoff.steps == 0  # no seconds under rejection sampling
-    s.observe(Proposal(tree, sizing=TreeDraft((0.55, 0.35))), Verdict([0, 2], 9), StepTime(0.05, 0.2))
+    s.observe(Budget(s, TreeDraft((0.55, 0.35))), tree, Verdict([0, 2], 9), StepTime(0.05, 0.2))
     assert s.backoff.steps == 1 and s.backoff.tokens > 0
-    s.observe(Proposal(_chain(0)), Verdict([0], 9), StepTime(0.0, 0.12))  # a plain step while drafting is on
+    s.observe(Budget(s), _chain(0), Verdict([0], 9), StepTime(0.0, 0.12))  # a plain step while drafting is on
     assert s.backoff.plain_seconds == 0.0
     s.backoff.off = True
-    s.observe(Proposal(_chain(0)), Verdict([0], 9), StepTime(0.0, 0.12))  # backed off: what drafting must beat
+    s.observe(Budget(s), _chain(0), Verdict([0], 9), StepTime(0.0, 0.12))  # backed off: what drafting must beat
     assert s.backoff.plain_seconds == pytest.approx(0.12)

@@ -25,8 +25,8 @@ class Wrapped:
     def prefill(self, state, out):
         self.inner.prefill(state, out)
 
-    def propose(self, state):
-        return self.inner.propose(state)
+    def propose(self, state, budget=None):
+        return self.inner.propose(state, budget)
 
     def observe(self, state, proposal, verdict, out):
         self.inner.observe(state, proposal, verdict, out)

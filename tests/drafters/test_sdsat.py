@@ -127,7 +127,7 @@ def test_lossy_rule_refused_for_a_lossless_drafter(target):
 
     g = selfspec.load(target, "sdsat", adaptive_ids=str(ADAPTIVE), k=2, self_test=False)
     d = g.drafter
-    d.propose = lambda state: Proposal(DraftTree.chain([state.pending]), accept_rule=lambda *a: Verdict([0], 5))
+    d.propose = lambda state, budget: Proposal(DraftTree.chain([state.pending]), accept_rule=lambda *a: Verdict([0], 5))
     with pytest.raises(RuntimeError, match="registered lossless"):
         g.generate([4, 5, 6], max_new_tokens=3, temperature=1.0, seed=0)
 

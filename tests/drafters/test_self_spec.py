@@ -47,9 +47,9 @@ def test_drafting_leaves_the_committed_cache_untouched(tiny_dir):
     snapshots = []
 
     class Spy(Wrapped):
-        def propose(self, state):
+        def propose(self, state, budget=None):
             before = [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
-            proposal = self.inner.propose(state)
+            proposal = self.inner.propose(state, budget)
             after = [(layer.keys, layer.values) for layer in state.cache.layers]
             snapshots.append(all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(before, after)))
             assert proposal.tree.size == 1 + min(4, state.draft_room)

@@ -133,10 +133,12 @@ def test_share_copy_shares_every_tensor_and_nothing_else(tiny_dir):
 
 def test_no_model_is_switched_in_place_in_the_package():
     """What the runners replace stays gone: no run-time kernel switch, no patched instance
-    ``forward``, no second step on one module tree chosen by the layers installed (``layers_as``)."""
+    ``forward``, no second step on one module tree chosen by the layers installed (``layers_as``),
+    no sizing record on a proposal for sizers to dispatch on by type (the step's ``Budget`` instead)."""
     src = Path(selfspec.__file__).parent
     text = {p: p.read_text() for p in src.rglob("*.py")}
-    patterns = {"use_kernels": r"\buse_kernels\b", "forward patch": r"\.forward\s*=(?!=)", "layers_as": r"layers_as"}
+    patterns = {"use_kernels": r"\buse_kernels\b", "forward patch": r"\.forward\s*=(?!=)", "layers_as": r"layers_as",
+                "a sizing record dispatched by type": r"\.sizing\b|\bsizing="}
     found = {name: [str(p.relative_to(src)) for p, s in text.items() if re.search(rx, s)]
              for name, rx in patterns.items()}
     assert found == {name: [] for name in patterns}, found

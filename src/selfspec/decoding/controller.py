@@ -13,10 +13,12 @@ It owns:
   snapshotted at load and restored (``drafter.restore``) before every rejection-sampled request,
   whose text depends on the draft lengths, so a seed reproduces a sample whatever ran before.
 
-* **the sizer's learning**: how much a drafter drafts is its sizer's decision (a
+* **the sizer**: how much a drafter drafts is its sizer's decision (a
   :class:`~selfspec.decoding.protocol.Sizer` from ``drafters/budget.py``, ``backoff.py``,
-  ``msn.py``, ``eagle.py``), which the drafter consults while it proposes; after every step the
-  controller hands the sizer the proposal, the verdict and the step's measured seconds
+  ``msn.py``, ``eagle.py``). Each step the controller makes the step's
+  :class:`~selfspec.decoding.protocol.Budget` (:meth:`DraftController.budget`), which ``propose``
+  consults mid-draft and records what it drafted into; after the step it hands the sizer that
+  budget, the verified tree, the verdict and the step's measured seconds
   (:meth:`DraftController.observe`). No drafter updates its own sizer or times itself.
 """
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 from ..core.acceptance import Verdict
 from ..core.online_cost import OnlineCost
 from ..core.timing import now
-from .protocol import Drafter, Proposal
+from .protocol import Budget, Drafter, Proposal
 from .state import Clock, DecodeState, StepTime
 
 
@@ -63,6 +65,13 @@ class DraftController:
         state.step_time = StepTime()
         if state.rejection:
             self.reset()
+        if self._drafter.sizer is not None:
+            self._drafter.sizer.new_prompt()
+
+    def budget(self) -> Budget | None:
+        """This step's budget for ``propose`` (None where the drafter has no sizer)."""
+        sizer = self._drafter.sizer
+        return Budget(sizer) if sizer is not None else None
 
     def reset(self) -> None:
         """The drafter forgets what it learned since it was adopted (its load-time snapshot)."""
@@ -78,11 +87,12 @@ class DraftController:
         sees (nothing under rejection sampling: no draft may be sized from the clock)."""
         state.step_time = StepTime() if state.rejection else StepTime(draft_s, step_s)
 
-    def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict) -> None:
-        """After a verified step: the drafter's sizer learns from it (with ``state.step_time``)."""
+    def observe(self, state: DecodeState, budget: Budget | None, proposal: Proposal, verdict: Verdict) -> None:
+        """After a verified step: the drafter's sizer learns from the step's budget (with
+        ``state.step_time``)."""
         sizer = self._drafter.sizer
-        if sizer is not None:
-            sizer.observe(proposal, verdict, state.step_time)
+        if sizer is not None and budget is not None:
+            sizer.observe(budget, proposal.tree, verdict, state.step_time)
 
     def save_cost_correction(self):
         """Write the corrected cost profile back to the cache (see

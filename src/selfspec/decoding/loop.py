@@ -117,7 +117,8 @@ def run(state: DecodeState, model: torch.nn.Module, controller: DraftController)
     yield prefill(state, model, drafter)
     while not state.done:
         t0 = now(None)  # draft time: t0..t1 and t2..t3; verify time: t1..t2 (synced: the device's work)
-        proposal = drafter.propose(state)
+        budget = controller.budget()  # how much to draft: the sizer's, consulted mid-draft
+        proposal = drafter.propose(state, budget)
         tree = proposal.tree.truncate_depth(state.draft_room)
         if tree is not proposal.tree:
             proposal = dataclasses.replace(proposal, tree=tree)
@@ -136,7 +137,7 @@ def run(state: DecodeState, model: torch.nn.Module, controller: DraftController)
         new = tree.path_tokens(verdict.accepted_nodes[1:]) + [verdict.bonus_token]
         kept = state.commit(new)
         controller.measured(state, t1 - t0, t2 - t0)
-        controller.observe(state, proposal, verdict)  # the sizer learns
+        controller.observe(state, budget, proposal, verdict)  # the sizer learns
         drafter.observe(state, proposal, verdict, out)
         t3 = now(None)
         state.stats.draft_s += (t1 - t0) + (t3 - t2)

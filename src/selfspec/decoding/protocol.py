@@ -3,8 +3,10 @@
 A drafter sees the decode state, proposes a :class:`~selfspec.core.tree.DraftTree` rooted at the
 pending token, optionally with *piggyback* query tokens that ride along in the same verify
 forward (their logits come back to the drafter; their KV is never committed), and observes the
-verdict to roll back its own state. How much it drafts is its :class:`Sizer`'s decision, which
-the controller teaches after every step. The loop (:mod:`selfspec.decoding.loop`)
+verdict to roll back its own state. How much it drafts is its :class:`Sizer`'s decision: the
+controller owns the sizer, hands ``propose`` the step's :class:`Budget` (the sizer to consult
+mid-draft, and where the drafter writes what it drafted), and teaches the sizer from that budget
+after every step. The loop (:mod:`selfspec.decoding.loop`)
 depends on this module only, never on :mod:`selfspec.drafters`.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import torch
 
@@ -51,15 +53,34 @@ class Proposal:
         accept_rule: a sampling acceptance rule replacing the lossless one, ``(tree, target_logits
             [N, V], warper, generator) -> Verdict``. Only methods registered as not lossless may
             set it (the loop refuses it otherwise); greedy decoding never uses it.
-        sizing: the drafter's sizer's record of how this draft was made (for example tokens
-            drafted and their confidences), handed back to :meth:`Sizer.observe` by the controller;
-            None when the sizer needs nothing beyond the tree and the verdict.
     """
 
     tree: DraftTree
     piggyback: Piggyback | None = None
     accept_rule: Callable | None = None
-    sizing: object = None
+
+
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+@dataclass
+class Budget(Generic[S, R]):
+    """One step's draft budget, made by the controller from the drafter's sizer
+    (:meth:`Sizer.budget`) and handed to :meth:`Drafter.propose`: the drafter consults ``sizer``
+    while it drafts (how many tokens or nodes, when to exit) and writes what it made into
+    ``made``, the sizer's own record type (tokens drafted and their confidences, the template
+    nodes, the path probabilities); after verification the controller hands the same budget to
+    :meth:`Sizer.observe`, which reads ``made`` as the type it knows (None: nothing was drafted
+    that the sizer learns a cost or confidence from).
+
+    Attributes:
+        sizer: the sizer to consult (read-only for the drafter: it learns only from the controller).
+        made: the drafter's record of the draft, or None.
+    """
+
+    sizer: S
+    made: R | None = None
 
 
 class LearnedState:
@@ -93,10 +114,11 @@ class DrafterBase(LearnedState):
 
 class Sizer(Protocol):
     """How much a drafter drafts: the policy (acceptance estimators, confidence calibration,
-    back-off and probes over a cost profile) that the drafter consults while it proposes, and
-    that learns from every verified step. The controller feeds it (:meth:`observe`, after each
-    step, with the seconds the loop measured) and snapshots it with the drafter's state; no
-    drafter updates its sizer itself.
+    back-off and probes over a cost profile) that the drafter consults while it proposes, through
+    the step's :class:`Budget`, and that learns from every verified step. The controller owns it:
+    it makes each step's budget, starts each request (:meth:`new_prompt`), feeds it
+    (:meth:`observe`, after each step, with the seconds the loop measured) and snapshots it with
+    the drafter's state; no drafter updates its sizer itself.
 
     Attributes:
         profile: the verify-cost profile it sizes drafts from, or None (fixed sizes). The loop
@@ -106,9 +128,13 @@ class Sizer(Protocol):
 
     profile: CostProfile | None
 
-    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
-        """Learn from one verified step: the proposal (its ``sizing`` record), what was accepted,
-        and the step's measured seconds (None under rejection sampling: learn no timing)."""
+    def new_prompt(self) -> None:
+        """A new request starts (its prompt is about to be prefilled)."""
+
+    def observe(self, budget: Budget, tree: DraftTree, verdict: Verdict, step: StepTime) -> None:
+        """Learn from one verified step: the step's budget (its ``made`` record, of this sizer's own
+        type), the verified tree, what was accepted, and the step's measured seconds (None under
+        rejection sampling: learn no timing)."""
 
 
 class Drafter(Protocol):
@@ -138,8 +164,9 @@ class Drafter(Protocol):
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         """Called once after the prompt forward (``out`` covers the prompt tokens)."""
 
-    def propose(self, state: DecodeState) -> Proposal:
-        """Draft at most ``state.draft_room`` tokens deep after the pending token."""
+    def propose(self, state: DecodeState, budget: Budget | None) -> Proposal:
+        """Draft at most ``state.draft_room`` tokens deep after the pending token, as ``budget``
+        (None where the drafter has no sizer) says; what was drafted goes into ``budget.made``."""
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         """Called after the accepted tokens were committed to ``state``."""

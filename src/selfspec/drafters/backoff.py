@@ -14,7 +14,8 @@ from .estimators import COST_EMA, FIRST_PROBE, MAX_PROBE, PLAIN_RATE, Confidence
 
 if TYPE_CHECKING:
     from ..core.acceptance import Verdict
-    from ..decoding.protocol import Proposal
+    from ..core.tree import DraftTree
+    from ..decoding.protocol import Budget
     from ..decoding.state import StepTime
 
 
@@ -159,15 +160,20 @@ class TreeSizer:
         self.backoff = Backoff(profile.t1 if profile is not None and backoff else None)
         self.calibration = ConfidenceCalibration() if calibrate else None
 
-    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+    def new_prompt(self) -> None:
+        """Nothing restarts with a request (the :class:`~selfspec.decoding.protocol.Sizer` step)."""
+
+    def observe(self, budget: Budget[TreeSizer, TreeDraft], tree: DraftTree, verdict: Verdict,
+                step: StepTime) -> None:
         """Every drafted node's calibration (on the accepted path or not); the step's seconds
-        into the back-off: a drafted step with what it committed, a plain step while backed off
-        (what drafting must beat). Under rejection sampling (no seconds) only the calibration."""
-        rec = proposal.sizing
-        drafted = isinstance(rec, TreeDraft)
-        if drafted and self.calibration is not None:
+        into the back-off: a drafted step (the drafter recorded a :class:`TreeDraft`) with what it
+        committed, a plain step while backed off (what drafting must beat). Under rejection
+        sampling (no seconds) only the calibration."""
+        made = budget.made
+        drafted = made is not None
+        if made is not None and self.calibration is not None:
             accepted = set(verdict.accepted_nodes)
-            for i, p in enumerate(rec.path_probs):
+            for i, p in enumerate(made.path_probs):
                 self.calibration.observe_one(p, i + 1 in accepted)
         if step.step_s is None:
             return

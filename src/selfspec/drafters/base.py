@@ -37,7 +37,7 @@ class NullDrafter(DrafterBase):
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass
 
-    def propose(self, state: DecodeState) -> Proposal:
+    def propose(self, state: DecodeState, budget: None = None) -> Proposal:
         return Proposal(DraftTree.chain([state.pending]))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:

@@ -50,7 +50,8 @@ from .skip_config import GammaSettings
 
 if TYPE_CHECKING:
     from ..core.acceptance import Verdict
-    from ..decoding.protocol import Proposal
+    from ..core.tree import DraftTree
+    from ..decoding.protocol import Budget
     from ..decoding.state import StepTime
 
 
@@ -181,14 +182,19 @@ class ChainBudget:
             per_tok = draft_seconds / drafted
             self.draft_cost = per_tok if self.draft_cost == 0 else COST_EMA * self.draft_cost + (1 - COST_EMA) * per_tok
 
-    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+    def new_prompt(self) -> None:
+        """Nothing restarts with a request (the :class:`~selfspec.decoding.protocol.Sizer` step)."""
+
+    def observe(self, budget: Budget[ChainBudget, ChainDraft], tree: DraftTree, verdict: Verdict,
+                step: StepTime) -> None:
         """The :class:`~selfspec.decoding.protocol.Sizer` step: the verified chain's acceptance;
-        with a :class:`ChainDraft` record also the draft's measured cost and its confidences."""
-        rec = proposal.sizing
-        if isinstance(rec, ChainDraft):
-            self.update(proposal.tree.size - 1, verdict.num_accepted, step.draft_s, rec.drafted, rec.confidences)
+        where the drafter recorded a :class:`ChainDraft` also the draft's measured cost and its
+        confidences."""
+        made = budget.made
+        if made is not None:
+            self.update(tree.size - 1, verdict.num_accepted, step.draft_s, made.drafted, made.confidences)
         else:
-            self.update(proposal.tree.size - 1, verdict.num_accepted)
+            self.update(tree.size - 1, verdict.num_accepted)
 
 
 class PositionalAcceptance:
@@ -245,10 +251,14 @@ class PositionalAcceptance:
         for j in range(min(proposed, accepted + 1, self.max_k)):
             self.acceptance.observe(j, j < accepted)
 
-    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+    def new_prompt(self) -> None:
+        """Nothing restarts with a request (the :class:`~selfspec.decoding.protocol.Sizer` step)."""
+
+    def observe(self, budget: Budget[PositionalAcceptance, None], tree: DraftTree, verdict: Verdict,
+                step: StepTime) -> None:
         """The :class:`~selfspec.decoding.protocol.Sizer` step: acceptance by position along the
         verified tree's depth (a step that verified no draft teaches nothing)."""
-        depth = int(proposal.tree.depths.max())
+        depth = int(tree.depths.max())
         if depth > 0:
             self.update(depth, verdict.num_accepted)
 
@@ -334,8 +344,13 @@ class DraftRule:
         self.budget.update(verified, accepted, draft_seconds, drafted, confidences)
         self.gamma.update(accepted, verified)
 
-    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+    def new_prompt(self) -> None:
+        """A new request: the gamma exit starts its prompt (the :class:`~selfspec.decoding.protocol.Sizer` step)."""
+        self.gamma.new_prompt()
+
+    def observe(self, budget: Budget[DraftRule, ChainDraft], tree: DraftTree, verdict: Verdict,
+                step: StepTime) -> None:
         """The :class:`~selfspec.decoding.protocol.Sizer` step (a plain step teaches nothing)."""
-        rec = proposal.sizing
-        if isinstance(rec, ChainDraft) and rec.drafted:
-            self.update(proposal.tree.size - 1, verdict.num_accepted, step.draft_s, rec.drafted, rec.confidences)
+        made = budget.made
+        if made is not None and made.drafted:
+            self.update(tree.size - 1, verdict.num_accepted, step.draft_s, made.drafted, made.confidences)

@@ -16,7 +16,7 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import ChainBudget, ChainDraft
@@ -108,8 +108,9 @@ class DraftModelDrafter(DrafterBase):
         self.length += len(ids)
         return out.logits[0, -1].float()
 
-    def propose(self, state: DecodeState) -> Proposal:
-        k = self.sizer.choose(state.draft_room)
+    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft]) -> Proposal:
+        sizer = budget.sizer
+        k = sizer.choose(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
         logits = self._forward(state.ids[self.length :])
@@ -133,18 +134,19 @@ class DraftModelDrafter(DrafterBase):
                 qs.append(q)
             tokens.append(x)
             confidences.append(conf)
-            p_all *= self.sizer.calibration(conf)
+            p_all *= sizer.calibration(conf)
             if i < k - 1 and p_all >= self.min_confidence:
                 logits = self._forward([x])
             else:
                 break
         made = ChainDraft(len(tokens), tuple(confidences))  # what the sizer learns the draft's cost from
-        keep = self.sizer.best_prefix(confidences)
+        keep = sizer.best_prefix(confidences)
         tokens, qs = tokens[:keep], qs[:keep]
         probs = None
         if qs and tokens:
             probs = torch.stack([torch.zeros_like(qs[0]), *qs])
-        return Proposal(DraftTree.chain([state.pending, *tokens], probs), sizing=made)
+        budget.made = made
+        return Proposal(DraftTree.chain([state.pending, *tokens], probs))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         # the draft cache is valid up to the last committed token that it saw

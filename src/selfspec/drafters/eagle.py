@@ -40,7 +40,7 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import target_features
@@ -190,7 +190,7 @@ class EagleDrafter(DrafterBase):
         self.sizer = TreeSizer(profile, cfg.backoff, cfg.calibrate)
         # the pool a step's tree is chosen from: the head's expansion; an oracle test injects its own
         # (same signature), and catch-up, rerank, commit and the feature bookkeeping still run for real
-        self.expansion: Callable[[torch.Tensor, int, DecodeState | None], Pool] = self.expand
+        self.expansion: Callable[[torch.Tensor, int, DecodeState | None, TreeSizer | None], Pool] = self.expand
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -255,14 +255,17 @@ class EagleDrafter(DrafterBase):
         return out[-1]
 
     @torch.no_grad()
-    def expand(self, h_last: torch.Tensor, position: int, state: DecodeState | None = None) -> Pool:
+    def expand(self, h_last: torch.Tensor, position: int, state: DecodeState | None = None,
+               sizer: TreeSizer | None = None) -> Pool:
         """EAGLE-2 expansion from the root's estimated feature ``h_last`` (``[H]``); the
         depth-1 nodes sit at draft position ``position``. Levels are timed on ``state.clock``
         and expansion stops where a level costs more than it can add; without ``state``, or under
         rejection sampling, it never stops on wall-clock cost (the tree must depend on the request
-        alone); with coupled sampling the draft uses the target's noise."""
+        alone); with coupled sampling the draft uses the target's noise. ``sizer``: the step's (its
+        profile prices levels, its calibration turns path probabilities into acceptance); None:
+        unpriced."""
         cfg = self.cfg
-        profile, calibration = self.sizer.profile, self.sizer.calibration
+        profile, calibration = (sizer.profile, sizer.calibration) if sizer is not None else (None, None)
         priced = state is not None and not state.rejection and profile is not None
         depth = 1
         s1, tok1 = (t[0] for t in self._top(h_last[None], cfg.top_k, state, depth))
@@ -302,15 +305,15 @@ class EagleDrafter(DrafterBase):
             level_s = state.clock(self.device) - started if priced else 0.0
         return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents).cpu())
 
-    def propose(self, state: DecodeState) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[TreeSizer, TreeDraft]) -> Proposal:
         # timed only where the clock sizes something: never under rejection sampling
-        sizer = self.sizer
+        sizer = budget.sizer
         timed = sizer.profile is not None and not state.rejection
         started = state.clock(None) if timed else 0.0
         if state.draft_room == 0 or not sizer.backoff.draft_now():
             return Proposal(DraftTree.chain([state.pending]))  # plain (the back-off learns its seconds)
         h_last = self.catch_up(state.ids)
-        pool = self.expansion(h_last, self.length, state)
+        pool = self.expansion(h_last, self.length, state, sizer)
         kv_cache.truncate(self.cache, self.length)
         if self.cfg.total_tokens:
             n = self.cfg.total_tokens - 1
@@ -319,9 +322,11 @@ class EagleDrafter(DrafterBase):
             n = best_size(pool.scores.exp(), spent, sizer.profile, self.cfg.max_tokens, sizer.calibration)
         n = min(n, pool.scores.numel())
         if n == 0:  # drafted, even if nothing is verified: the drafting was paid for
-            return Proposal(DraftTree.chain([state.pending]), sizing=TreeDraft(()))
+            budget.made = TreeDraft(())
+            return Proposal(DraftTree.chain([state.pending]))
         tree, chosen = rerank(pool, state.pending, n)
-        return Proposal(tree, sizing=TreeDraft(tuple(pool.scores[chosen].exp().tolist())))
+        budget.made = TreeDraft(tuple(pool.scores[chosen].exp().tolist()))
+        return Proposal(tree)
 
 
 def build(spec: MethodSpec, target, cfg: EagleConfig, ctx: BuildContext) -> EagleDrafter:

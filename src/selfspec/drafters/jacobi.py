@@ -21,9 +21,9 @@ import torch
 from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .budget import ChainBudget
+from .budget import ChainBudget, ChainDraft
 from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
@@ -60,9 +60,9 @@ class JacobiDrafter(DrafterBase):
         self.generator.manual_seed(self.cfg.seed)
         self.guesses = []
 
-    def propose(self, state: DecodeState) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft]) -> Proposal:
         self.guesses += ahead_noise(state.ids, self.cfg.m - len(self.guesses), self.generator)
-        k = self.sizer.choose(state.draft_room)
+        k = budget.sizer.choose(state.draft_room)
         return Proposal(DraftTree.chain([state.pending, *self.guesses[:k]]))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:

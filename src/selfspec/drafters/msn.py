@@ -36,7 +36,7 @@ from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal
 from ..decoding.state import DecodeState, StepTime, VerifyOutput
 from .backoff import ProbeSchedule
 from .budget import best_rate, expected_tokens
@@ -158,13 +158,17 @@ class NodeRates:
         for i in verified:
             self.acceptance.observe(i, i in accepted)
 
-    def observe(self, proposal: Proposal, verdict: Verdict, step: StepTime) -> None:
+    def new_prompt(self) -> None:
+        """Nothing restarts with a request (the :class:`~selfspec.decoding.protocol.Sizer` step)."""
+
+    def observe(self, budget: Budget[NodeRates, TemplateDraft], tree: DraftTree, verdict: Verdict,
+                step: StepTime) -> None:
         """The :class:`~selfspec.decoding.protocol.Sizer` step: each verified template node's
-        acceptance (its tree node on the accepted path), from the proposal's :class:`TemplateDraft`."""
-        rec = proposal.sizing
-        if isinstance(rec, TemplateDraft) and rec.nodes:
+        acceptance (its tree node on the accepted path), from the drafter's :class:`TemplateDraft`."""
+        made = budget.made
+        if made is not None and made.nodes:
             accepted = set(verdict.accepted_nodes)
-            self.update(rec.nodes, {i for i, t in zip(rec.nodes, rec.index) if t in accepted})
+            self.update(made.nodes, {i for i, t in zip(made.nodes, made.index) if t in accepted})
 
 
 def build_tree(pending: int, nodes: list[int], template, cand: list[list[int]]) -> tuple[DraftTree, list[int]]:
@@ -231,18 +235,19 @@ class MsnDrafter(DrafterBase):
             cand[d][r] = tok
         return cand
 
-    def propose(self, state: DecodeState) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[NodeRates, TemplateDraft]) -> Proposal:
         room = state.draft_room
         allowed = [i for i, p in enumerate(self.template) if len(p) <= room]
-        order, values = self.sizer.ranking(allowed)
+        order, values = budget.sizer.ranking(allowed)
         cap = self.cfg.tree_size or self.cfg.max_nodes
-        n = self.sizer.choose(values, cap) if self.cfg.tree_size == 0 else min(cap, len(order))
+        n = budget.sizer.choose(values, cap) if self.cfg.tree_size == 0 else min(cap, len(order))
         chosen = set(order[:n])
         nodes = [i for i in range(len(self.template)) if i in chosen]  # parents first
         if not nodes:
             return Proposal(DraftTree.chain([state.pending]))
         tree, index = build_tree(state.pending, nodes, self.template, self.candidates(state.ids))
-        return Proposal(tree, sizing=TemplateDraft(tuple(nodes), tuple(index)))
+        budget.made = TemplateDraft(tuple(nodes), tuple(index))
+        return Proposal(tree)
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         """Next top-k by depth from the nodes past the accepted point on the best path (the last

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
-from .budget import ChainBudget
+from .budget import ChainBudget, ChainDraft
 from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
 
 
@@ -64,8 +64,8 @@ class PromptLookupDrafter(DrafterBase):
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass
 
-    def propose(self, state: DecodeState) -> Proposal:
-        k = self.sizer.choose(state.draft_room)
+    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft]) -> Proposal:
+        k = budget.sizer.choose(state.draft_room)
         draft = lookup(state.ids, self.cfg.max_ngram, self.cfg.min_ngram, k) if k > 0 else []
         return Proposal(DraftTree.chain([state.pending, *draft]))
 

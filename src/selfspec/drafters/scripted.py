@@ -68,7 +68,7 @@ class ScriptedDrafter(DrafterBase):
             n += 1
         return n
 
-    def propose(self, state: DecodeState) -> Proposal:
+    def propose(self, state: DecodeState, budget: None = None) -> Proposal:
         n = len(state.generated)
         k = min(self.k, state.draft_room)
         truth = self.script[n : n + k]

@@ -34,7 +34,7 @@ from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Piggyback, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import PositionalAcceptance
@@ -194,7 +194,7 @@ class SdsatDrafter(DrafterBase):
     def _adaptive(self, k: int) -> torch.Tensor:
         return torch.tensor([self.ids[min(j, len(self.ids)) - 1] for j in range(1, k + 1)], dtype=torch.long)
 
-    def propose(self, state: DecodeState) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[PositionalAcceptance, None]) -> Proposal:
         if self.drafts is not None:
             tree = self._verify_tree(state, self.drafts)
             self.drafts = None
@@ -203,10 +203,10 @@ class SdsatDrafter(DrafterBase):
         if room <= 0:
             self.k = 0
         elif self._deterministic(state) or not self.levels:
-            self.k = self.sizer.choose(room)
+            self.k = budget.sizer.choose(room)
         else:  # the fixed sampling tree (cut to depth k when k is fixed): draft its depth, or not at all
             depth = min(len(self.levels), self.cfg.k or len(self.levels))
-            self.k = depth if self.sizer.choose(room, (depth, len(self.shape[0]))) else 0
+            self.k = depth if budget.sizer.choose(room, (depth, len(self.shape[0]))) else 0
         root = DraftTree.chain([state.pending])
         if self.k == 0:
             return Proposal(root)

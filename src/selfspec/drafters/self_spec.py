@@ -32,7 +32,7 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..kernels.int8 import layer_classes as int8_layer_classes
@@ -133,10 +133,10 @@ class SelfSpecDrafter(DrafterBase):
         return self.draft_step.warm_up(capacity, (1,), False)
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
-        self.sizer.gamma.new_prompt()
+        pass  # the controller starts the sizer's prompt (DraftRule.new_prompt)
 
-    def propose(self, state: DecodeState) -> Proposal:
-        rule = self.sizer
+    def propose(self, state: DecodeState, budget: Budget[DraftRule, ChainDraft]) -> Proposal:
+        rule = budget.sizer
         k = rule.max_draft(state.draft_room)
         if k == 0:
             return Proposal(DraftTree.chain([state.pending]))
@@ -174,7 +174,8 @@ class SelfSpecDrafter(DrafterBase):
         keep = rule.verify_count(confidences)
         tokens, qs = tokens[:keep], qs[:keep]
         probs_rows = torch.stack([torch.zeros_like(qs[0]), *qs]) if qs and tokens else None
-        return Proposal(DraftTree.chain([state.pending, *tokens], probs_rows), sizing=made)
+        budget.made = made
+        return Proposal(DraftTree.chain([state.pending, *tokens], probs_rows))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         pass  # the draft KV was truncated in propose (the controller feeds the sizer)

@@ -34,7 +34,7 @@ from ..core.cost import CostProfile
 from ..core.mask_groups import mask_groups
 from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Piggyback, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Piggyback, Proposal
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import PositionalAcceptance
 from .estimators import PLAIN_RATE
@@ -122,11 +122,12 @@ class SpaceDrafter(DrafterBase):
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cands, self.probs = [], None
 
-    def propose(self, state: DecodeState) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[SpaceAcceptance, None]) -> Proposal:
         room = state.draft_room
         c = min(len(self.cands), room)
-        k = self.sizer.choose(max(1, room - 1)) if room > 1 else 0  # masks for the next step
-        if k == 0 and c and self.sizer.profile is not None and self.sizer.value(c, c + 1) <= PLAIN_RATE:
+        sizer = budget.sizer
+        k = sizer.choose(max(1, room - 1)) if room > 1 else 0  # masks for the next step
+        if k == 0 and c and sizer.profile is not None and sizer.value(c, c + 1) <= PLAIN_RATE:
             c = 0  # verifying the candidates alone does not pay either
         toks = [state.pending] + self.cands[:c]
         probs = None
