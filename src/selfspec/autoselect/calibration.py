@@ -191,8 +191,8 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
             clock: Callable[[], float] = time.perf_counter, prune_tokens: int | None = PRUNE_TOKENS) -> Calibration:
     """Calibrate ``cands`` greedily on ``prompts`` by successive halving over ``rounds``.
 
-    ``make(candidate)`` builds a generator on the already loaded model (switching its kernels in
-    place). A candidate that fails to build or run (:class:`SelfspecError`) is left out with a
+    ``make(candidate)`` builds a generator on the already loaded model (on its backend's runner,
+    never switched). A candidate that fails to build or run (:class:`SelfspecError`) is left out with a
     note. With ``reference`` (a method name), every other candidate's ids must equal the
     reference method's on the same kernels and prompt (the reference is built for a kernels
     backend it is no candidate on, untimed); otherwise it is disqualified. ``budget_s`` bounds

@@ -92,7 +92,8 @@ class BenchRun:
         prompts: the prompt set; prov: where and at what revision it is measured.
         out: the output directory; done: the records so far, by (prompt id, contender, repeat).
         gguf: the GGUF the llama.cpp peers run (None without them).
-        target: the loaded model (every generator shares it, switching kernels in place).
+        target: the loaded model's stock runner (the peers run it; every generator runs a runner
+            of the same weights, one per backend).
         generators: the methods' generators by report name; backend_of / options_of: their kernels
             and options.
         backends: the kernels the generators ended on; draft_model: hf-assisted's assistant.
