@@ -122,7 +122,7 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, target: Runner, method: str, drafter, lossless: bool, threads: int | None = None,
-                 clock: Clock = now) -> None:
+                 clock: Clock = now, measure: bool = True) -> None:
         self.target = target
         # the drafter, the clock every step is timed on (tests inject a fake one), the cost
         # profile's correction from verify timings and the drafter's per-request state
@@ -136,7 +136,7 @@ class SpeculativeGenerator:
         self.auto_table: dict[str, float] | None = None  # ... and the finalists' calibration tokens/s by label
         self.fallback: CompiledFallback | None = None  # auto on compiled: requests whose steps are not saved
         self.last_method: str | None = None  # what the latest request ran on: ``method``, or its fallback's
-        self.measure = True  # False (load(measure=False)): nothing written, the cost correction included
+        self.measure = measure  # False (load(measure=False)): nothing written, the cost correction included
         gc = target.model.generation_config
         eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
         if eos is None and target.tokenizer is not None:
@@ -321,6 +321,4 @@ def build(target: Runner, method: str, options: dict, trust_remote_code: bool,
     drafter = spec.build(target, method_config(method, options), ctx)
     if target.step is not None:
         target.step.warm_up(MIN_CAPACITY, sizes, drafter.needs_hidden)
-    g = SpeculativeGenerator(target, method, drafter, spec.lossless)
-    g.measure = measure
-    return g
+    return SpeculativeGenerator(target, method, drafter, spec.lossless, measure=measure)

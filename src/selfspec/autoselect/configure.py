@@ -63,8 +63,8 @@ def auto_sizes(c: Candidate) -> tuple[int, ...]:
 
 
 def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: bool, remeasure: bool,
-                 self_test: bool, keep: bool, kernels: list[str] | None = None,
-                 measure: bool = True) -> SpeculativeGenerator:
+              self_test: bool, keep: bool, kernels: list[str] | None = None,
+              measure: bool = True) -> SpeculativeGenerator:
     """``auto`` for the method, the kernels or both: the candidates (the registry's ``auto``
     candidates, or ``method`` alone, on every fp32 backend here or on ``kernels`` alone), the
     choice (cached, else calibrated on each candidate's own runner, side by side), and the chosen
@@ -122,13 +122,11 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
     alt = max((x for x in cands if x.kernels != "compiled" and x.label in measured), key=lambda x: measured[x.label],
               default=None)
     if c.kernels == "compiled" and alt is not None:
-        fallback = alt
 
         def build_alt() -> SpeculativeGenerator:
-            h = build(base.runner(fallback.kernels), fallback.method, fallback.options, trust_remote_code,
-                      measure=measure)
+            h = build(base.runner(alt.kernels), alt.method, alt.options, trust_remote_code, measure=measure)
             if method == AUTO:
-                h.method = auto_label(fallback)
+                h.method = auto_label(alt)
             return h
 
         g.fallback = CompiledFallback(auto_sizes(c), alt.label, build_alt)

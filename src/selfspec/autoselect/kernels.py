@@ -20,7 +20,10 @@ log = logging.getLogger("selfspec.kernels")
 
 
 def fastest_runner(base: LoadedModel, measure: bool = True) -> Runner:
-    """The runner of ``base`` on the backend :func:`choose` picks (the others are dropped)."""
+    """The runner of ``base`` on the backend :func:`choose` picks (the others are dropped); the one
+    backend it has where its fp32 weights were released."""
+    if base.only is not None:
+        return base.runner(base.only)
     kernels = choose(base.model, base.name, lambda k: base.runner(k).model, measure)
     base.keep_only(kernels)
     return base.runner(kernels)

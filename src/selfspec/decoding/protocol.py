@@ -67,7 +67,8 @@ R = TypeVar("R")
 @dataclass
 class Budget(Generic[S, R]):
     """One step's draft budget, made by the controller from the drafter's sizer
-    (:meth:`Sizer.budget`) and handed to :meth:`Drafter.propose`: the drafter consults ``sizer``
+    (:meth:`~selfspec.decoding.controller.DraftController.budget`), handed to
+    :meth:`Drafter.propose`: the drafter consults ``sizer``
     while it drafts (how many tokens or nodes, when to exit) and writes what it made into
     ``made``, the sizer's own record type (tokens drafted and their confidences, the template
     nodes, the path probabilities); after verification the controller hands the same budget to

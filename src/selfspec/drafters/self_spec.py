@@ -37,7 +37,7 @@ from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..kernels.int8 import layer_classes as int8_layer_classes
 from ..kernels.switch import DRAFT_KERNELS, layout_fits
-from ..models.compiled_step import MIN_CAPACITY, StaticStep, compile_cache_dir, step_shapes
+from ..models.compiled_step import MIN_CAPACITY, compile_cache_dir, step_shapes
 from ..models.runner import Runner
 from ..models.skipping import SkipSet, skipped
 from .budget import ChainBudget, ChainDraft, DraftRule, GammaExit
@@ -95,7 +95,7 @@ class SelfSpecDrafter(DrafterBase):
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
                  source: str = "explicit", lm_head: DraftLMHead | None = None,
-                 layers: Runner | None = None, draft_step: StaticStep | None = None) -> None:
+                 layers: Runner | None = None) -> None:
         """
         Args:
             model: the verify runner's module tree (left as it is); the draft is a module tree of
@@ -109,10 +109,9 @@ class SelfSpecDrafter(DrafterBase):
             source: where the skip set came from (a skip config path or ``explicit``).
             lm_head: a reduced draft LM head (None: the model's own).
             layers: the draft runner on other kernels (int8 weights;
-                :meth:`~selfspec.models.runner.LoadedModel.draft_runner`), or None.
-            draft_step: the compiled one-token step of ``layers``' module tree
-                (the ``compiled`` backend with an int8 draft of the whole model and its own LM
-                head: :func:`compiled_draft_step`), or None: they run eagerly.
+                :meth:`~selfspec.models.runner.LoadedModel.draft_runner`), or None. Where it has a
+                step (an int8 draft of the whole model with its own LM head beside the ``compiled``
+                runner, :func:`draft_parts`), the draft passes run through it; else eagerly.
         """
         self.skip = skip
         self.layers = layers
@@ -123,7 +122,7 @@ class SelfSpecDrafter(DrafterBase):
         self.sizer = DraftRule(budget, GammaExit(gamma or GammaSettings()), draft_exit, auto_k, min_confidence)
         self.device = next(model.parameters()).device
         self.lm_head = lm_head
-        self.draft_step = draft_step
+        self.draft_step = layers.step if layers is not None else None  # compiled one-token draft step, or None
 
     def warm_up(self, capacity: int) -> float:
         """Compile (or load the saved) draft step for a ``capacity``-position cache now, not
@@ -246,7 +245,8 @@ def draft_parts(target, vocab_size: int, kernels: str, skip: SkipSet | None = No
 
 
 def _draft_steps(target, skip: SkipSet, own_head: bool, kernels: str) -> bool:
-    """Whether the draft runs through a compiled step of its own (:func:`compiled_draft_step`)."""
+    """Whether the draft runs through a compiled step of its own (its draft runner with the few-row
+    layout, :func:`draft_parts`)."""
     return (target.step is not None and kernels == "int8" and own_head and not skip.size
             and target.device.type == "cpu" and layout_fits(target.model))
 
@@ -274,15 +274,14 @@ def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> S
     skip, gamma, source, priors, vocab, kernels = resolve_skip(target, cfg)
     budget = chain_budget(target, cfg.auto_k, gamma.max_draft, ctx.measure)
     lm_head, layers = draft_parts(target, vocab, kernels, skip)
-    draft_step = layers.step if layers is not None else None
     drafter = SelfSpecDrafter(target.model, skip, budget, cfg.draft_exit, gamma, cfg.auto_k, cfg.min_confidence,
-                              source, lm_head, layers, draft_step)
+                              source, lm_head, layers)
     drafter.warm_up(MIN_CAPACITY)  # a compiled draft step: compiled or loaded now, not mid-request
     if priors is not None and budget.profile is not None:  # start from what the search measured
         cost = priors[1]
         if lm_head is not None or layers is not None:  # the draft runs otherwise than it was searched
-            cost = cached_draft_ratio(target, skip, drafter.draft_model, lm_head, draft_step, vocab, kernels,
-                                      ctx.measure) or cost
+            cost = cached_draft_ratio(target, skip, drafter.draft_model, lm_head, drafter.draft_step, vocab,
+                                      kernels, ctx.measure) or cost
         budget.set_prior(priors[0], cost * budget.profile.t1)
     return drafter
 

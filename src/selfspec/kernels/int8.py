@@ -223,6 +223,7 @@ class Int8Matmul:
         if kernel is None:
             kernel = cpu_int8_path()[0] if weight.device.type == "cpu" else "int_mm"
         self.kernel = kernel
+        self.nbytes = q.numel() * q.element_size() + 4 * self.out_features  # held (kernels.swap.layer_bytes)
         if kernel == "int_mm":
             self.weight_t = q.t()  # [K, N] view of a row-major [N, K] int8 matrix (torch._int_mm)
         else:
@@ -254,7 +255,7 @@ changes, since self-spec on ``compiled`` drafts through it."""
 
 class CompiledInt8Path:
     """What an int8 layer runs inside a compiled graph (the ``compiled`` backend's int8 draft step,
-    :meth:`~selfspec.kernels.switch.LinearSwitch.add_layout`): its weights, quantised as
+    :meth:`~selfspec.kernels.switch.DraftLayers.add_layout`): its weights, quantised as
     :class:`Int8Matmul` quantises them, in the few-row layout (``blocked``, int8 ``[N / B, K, B]``,
     and ``row_scale[N]``), multiplied by the fp32 activations (weight-only: the eager layer also
     rounds activations to 8 bits). Drafts need not be exact: verification never runs these."""

@@ -1,6 +1,7 @@
 """Swap a model's ``nn.Linear`` layers for another implementation, in place, without forking
 modelling code: HF models call ``self.q_proj(x)`` etc., so any module with the same call
-signature works. Each replacement keeps the original layer so the swap can be undone."""
+signature works. Replacement happens on a runner's own module tree when it is built
+(:func:`share_copy`); each replacement keeps the original layer it was made from."""
 
 from __future__ import annotations
 
@@ -132,3 +133,47 @@ def share_copy(model: nn.Module) -> nn.Module:
         return new
 
     return walk(model)
+
+
+def _where(t: torch.Tensor) -> int:
+    """Where a tensor's data is (its data pointer; an opaque tensor such as oneDNN's packed weight
+    has none: its identity)."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return id(t)
+
+
+def _held(obj: object, depth: int, seen: set[int]) -> list[tuple[int, int]]:
+    """``(where, bytes)`` of what ``obj``'s attributes hold: tensors, and down to ``depth`` levels
+    the plain objects it holds (an int8 layer's matmul, a group's shared product); an object that
+    states its own ``nbytes`` (an opaque packed weight, e.g. fbgemm's) counts that; not modules."""
+    out = []
+    for v in vars(obj).values():
+        if isinstance(v, torch.Tensor):
+            if v.numel():
+                out.append((_where(v), v.numel() * v.element_size()))
+        elif isinstance(getattr(v, "nbytes", None), int) and id(v) not in seen:
+            seen.add(id(v))
+            out.append((id(v), v.nbytes))
+        elif depth and hasattr(v, "__dict__") and not isinstance(v, (nn.Module, type)) and id(v) not in seen:
+            seen.add(id(v))
+            out += _held(v, depth - 1, seen)
+    return out
+
+
+def layer_bytes(model: nn.Module, base: nn.Module) -> int:
+    """Bytes that ``model``'s modules hold beyond ``base``'s parameters and buffers (a backend's
+    packed, quantised or re-laid-out copies of the weights): tensors in the modules' attributes
+    and buffers, and in the plain objects they hold (:func:`_held`)."""
+    seen = {_where(t) for t in (*base.parameters(), *base.buffers()) if t.numel()}
+    visited: set[int] = set()
+    total = 0
+    for m in model.modules():
+        held = _held(m, 3, visited) + [(_where(b), b.numel() * b.element_size()) for b in m._buffers.values()
+                                       if b is not None and b.numel()]
+        for where, nbytes in held:
+            if where not in seen:
+                seen.add(where)
+                total += nbytes
+    return total

@@ -16,7 +16,7 @@ from .bf16 import apply as apply_bf16
 from .gemv import BLOCK as LAYOUT_BLOCK
 from .int8 import CompiledInt8Path
 from .int8 import apply as apply_int8
-from .swap import linear_layers, original_of, released, share_copy
+from .swap import layer_bytes, linear_layers, original_of, released, share_copy
 
 DRAFT_KERNELS = ("same", "int8", "bf16")
 
@@ -34,7 +34,7 @@ def draft_precisions(device_type: str = "cpu") -> tuple[tuple[str, ...], dict[st
 
 
 def layout_fits(model: nn.Module) -> bool:
-    """Whether an int8 draft of ``model`` can get the few-row layout (:meth:`LinearSwitch.add_layout`):
+    """Whether an int8 draft of ``model`` can get the few-row layout (:meth:`DraftLayers.add_layout`):
     every linear layer's rows fill the layout's blocks, and the int8 copies take at most a third of
     the free memory (as for the fp32 layout)."""
     originals = [original_of(layer) for _, _, layer in linear_layers(model)]
@@ -50,7 +50,7 @@ class DraftLayers:
     Attributes:
         model: the draft's module tree (its attention function the verify runner's).
         kernels: the draft's linear-layer backend (``int8`` or ``bf16``).
-        extra_bytes: memory the draft's layers hold.
+        extra_bytes: memory the draft's layers hold beyond the verify tree's tensors (:func:`layer_bytes`).
     """
 
     def __init__(self, model: nn.Module, kernels: str) -> None:
@@ -72,11 +72,11 @@ class DraftLayers:
             apply_bf16(self.model)
         if self.model.config._attn_implementation != attn:  # the verify runner's attention function
             self.model.set_attn_implementation(attn)
-        # int8 weights: one byte per fp32 weight (a quarter of their memory), plus per-row scales;
-        # bf16: two bytes per weight
-        per_weight = 1 if kernels == "int8" else 2
-        self.extra_bytes = sum(per_weight * original_of(layer).weight.numel() + 4 * original_of(layer).out_features
-                               for _, _, layer in linear_layers(self.model))
+        self._verify = model
+
+    @property
+    def extra_bytes(self) -> int:
+        return layer_bytes(self.model, self._verify)
 
     def add_layout(self) -> bool:
         """Give every int8 draft layer its compiled path (the few-row layout of its int8 weights, a
@@ -91,7 +91,6 @@ class DraftLayers:
         if not layout_fits(self.model):
             return False
         if all(layer.add_layout() for layer in layers):
-            self.extra_bytes += sum(layer.blocked.numel() + 4 * layer.out_features for layer in layers)
             return True
         for layer in layers:
             layer.blocked = layer.row_scale = None

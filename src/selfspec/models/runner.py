@@ -28,32 +28,10 @@ from torch import nn
 
 from ..core.cost import CostProfile, load_or_measure, profile_key, read_cached
 from ..errors import SelfspecError
-from ..kernels.swap import share_copy
+from ..kernels.swap import layer_bytes, share_copy
 from .compiled_step import StaticStep
 
 log = logging.getLogger("selfspec.models")
-
-
-def _where(t: torch.Tensor) -> int:
-    """Where a tensor's data is (its data pointer; an opaque tensor such as oneDNN's packed weight
-    has none: its identity)."""
-    try:
-        return t.data_ptr()
-    except RuntimeError:
-        return id(t)
-
-
-def layer_bytes(model: nn.Module, base: nn.Module) -> int:
-    """Bytes of tensors that ``model``'s modules hold beyond ``base``'s parameters and buffers (a
-    backend's packed, quantised or re-laid-out copies of the weights)."""
-    seen = {_where(t) for t in (*base.parameters(), *base.buffers()) if t.numel()}
-    total = 0
-    for m in model.modules():
-        for v in (*m.__dict__.values(), *m._buffers.values()):
-            if isinstance(v, torch.Tensor) and v.numel() and _where(v) not in seen:
-                seen.add(_where(v))
-                total += v.numel() * v.element_size()
-    return total
 
 
 @dataclass
@@ -113,13 +91,20 @@ class LoadedModel:
                 instead = compiled_layers(next(self.model.parameters()))  # onednn where it runs, else stock
                 log.warning(f"the compiled backend is not offered on torch {torch.__version__} (this selfspec knows "
                             f"{', '.join(aot_step.KNOWN_TORCH)}): {self.name} runs on the {instead} kernels instead")
-                return self._runners.get(instead) or self._build(instead)
+                r = self._runners.get(instead)
+                if r is None:  # kept under its own name too: asking for it later builds no second copy
+                    r = self._runners[instead] = self._build(instead)
+                return r
         model = share_copy(self.model)
         install_backend(model, kernels)
-        extra = layer_bytes(model, self.model)
-        if extra:
-            log.info(f"{self.name}: the {kernels} runner holds {extra / 2**20:.0f} MiB of its own weight copies")
-        return Runner(self, model, kernels)
+        return self._made(Runner(self, model, kernels), f"the {kernels} runner")
+
+    def _made(self, runner: Runner, what: str) -> Runner:
+        """``runner`` with the bytes of its own weight copies counted (:func:`layer_bytes`) and logged."""
+        runner.extra_bytes = layer_bytes(runner.model, self.model)
+        if runner.extra_bytes:
+            log.info(f"{self.name}: {what} holds {runner.extra_bytes / 2**20:.0f} MiB of its own weight copies")
+        return runner
 
     def draft_runner(self, verify: Runner, kernels: str, layout: bool = False) -> Runner:
         """The draft runner over ``verify``'s module tree (:class:`~selfspec.kernels.switch.DraftLayers`:
@@ -138,9 +123,8 @@ class LoadedModel:
                 step = None
                 if layout and layers.add_layout():
                     step = StaticStep(layers.model, compile=verify.step.compile if verify.step is not None else True)
-                log.info(f"{self.name}: the {kernels} draft beside the {verify.backend} runner holds "
-                         f"{layers.extra_bytes / 2**20:.0f} MiB of its own weight copies")
-                r = self._runners[key] = Runner(self, layers.model, kernels, _step=step, extra_bytes=layers.extra_bytes)
+                r = self._runners[key] = self._made(Runner(self, layers.model, kernels, _step=step),
+                                                    f"the {kernels} draft beside the {verify.backend} runner")
             return r
 
     def built(self) -> list[str]:
@@ -192,7 +176,7 @@ class Runner:
         model: this runner's module tree (stock HF classes; the backend's linear layers installed).
         backend: ``stock``, ``onednn``, ``int8`` (a quantised model) or ``compiled``; a draft
             runner's (:meth:`LoadedModel.draft_runner`): its draft kernels, ``int8`` or ``bf16``.
-        extra_bytes: what a draft runner's own weight copies take (0 for the others: logged at build).
+        extra_bytes: what its own weight copies take (packed, quantised, re-laid out; logged at build).
     """
 
     base: LoadedModel
