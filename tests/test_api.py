@@ -33,8 +33,7 @@ def test_a_bad_thread_count_is_one_line(tiny_dir, threads):
 def test_a_generator_corrects_its_drafters_cost_profile_when_asked(tiny_dir, tmp_path, monkeypatch):
     """The loop times every verify forward into the generator's own OnlineCost (no process-wide
     state, no exit hook); ``save_cost_correction`` writes the corrected profile, and only then."""
-    import json
-
+    from selfspec.core import store
     from selfspec.core.cost import MIN_OBSERVATIONS, CostProfile
 
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
@@ -51,7 +50,7 @@ def test_a_generator_corrects_its_drafters_cost_profile_when_asked(tiny_dir, tmp
     assert max(online.count.values()) >= MIN_OBSERVATIONS
     assert online.profile.path.read_text() == before  # requests never write: later loads read what was cached
     assert g.save_cost_correction() == online.profile.path
-    assert CostProfile.from_json(json.loads(online.profile.path.read_text())).source == "corrected"
+    assert store.read_at(online.profile.path, online.profile.key, CostProfile).source == "corrected"
 
 
 def _files(home) -> list[str]:

@@ -293,16 +293,22 @@ def test_choice_is_cached_and_a_corrupt_cache_is_measured_again(tiny):
     assert set(first.table) == {"ar@stock", "self-spec@stock, draft int8", "pld@stock"}
     again = choose()
     assert again.cached and again.candidate == first.candidate and len(counts) == 1  # from the cache
-    path = autoselect.cache_path(tiny, cands)
+    path, key = autoselect.cache_path(tiny, cands), autoselect.cache_key(tiny, cands)
+    assert autoselect.read_cache(key, cands) is not None
     good = json.loads(path.read_text())
-    for corrupt in ("{not json", json.dumps({**good, "choice": "warp-drive@stock"}), json.dumps({"choice": "x"}),
-                    json.dumps([1, 2]), json.dumps({**good, "table": {"pld@stock": "fast"}}),
-                    json.dumps({**good, "busy": "no"})):
+    data = good["data"]
+    for corrupt in ("{not json", json.dumps({**good, "data": {**data, "choice": "warp-drive@stock"}}),
+                    json.dumps({**good, "data": {"choice": "x"}}), json.dumps([1, 2]),
+                    json.dumps({**good, "data": {**data, "table": {"pld@stock": "fast"}}}),
+                    json.dumps({**good, "data": {**data, "busy": "no"}}),
+                    json.dumps({**good, "schema": good["schema"] + 1}),  # another layout: measured again
+                    json.dumps({**good, "kind": "cost-profile"}), json.dumps({**good, "key": key + "x"}),
+                    json.dumps(data)):  # a file written before the store
         path.write_text(corrupt)
-        assert autoselect.read_cache(path, cands) is None
+        assert autoselect.read_cache(key, cands) is None
         assert choose().candidate == first.candidate
-    assert len(counts) == 7  # each corrupt cache was measured again, never trusted
-    assert not choose(remeasure=True).cached and len(counts) == 8
+    assert len(counts) == 11  # each corrupt cache was measured again, never trusted
+    assert not choose(remeasure=True).cached and len(counts) == 12
 
 
 def test_a_busy_calibration_is_redone_on_a_quiet_start(tiny):

@@ -6,15 +6,17 @@ from __future__ import annotations
 import torch
 
 from .autoselect.configure import configure
+from .autoselect.routing import AutoGenerator, CompiledFallback
 from .config import check_threads
 from .errors import SelfspecError
-from .generator import CompiledFallback, GenerationResult, SpeculativeGenerator, build, torch_threads
+from .generator import GenerationResult, SpeculativeGenerator, build, torch_threads
 from .models.bundled import DEFAULT_MODEL
 from .models.loading import LoadedModel, Runner, load_model
 from .models.selftest import cached_tree_self_test, keep_int8_promise
 from .registry import AUTO, method_config
 
-__all__ = ["CompiledFallback", "GenerationResult", "SpeculativeGenerator", "build", "load", "torch_threads"]
+__all__ = ["AutoGenerator", "CompiledFallback", "GenerationResult", "SpeculativeGenerator", "build", "load",
+           "torch_threads"]
 
 
 def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, device: str | None = "cpu",

@@ -8,13 +8,13 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from .config import GenerationConfig, check_threads, stop_strings
-from .core.kv_cache import new_cache
 from .core.online_cost import OnlineCost
 from .core.sampling import GumbelNoise, Warper
 from .core.timing import now
@@ -23,7 +23,7 @@ from .decoding.loop import run
 from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
 from .errors import SelfspecError
-from .models.compiled_step import MIN_CAPACITY, capacity_for
+from .models.compiled_step import MIN_CAPACITY
 from .models.runner import Runner
 from .registry import METHODS, BuildContext, method_config
 
@@ -60,6 +60,7 @@ class GenerationResult:
     kernels: str = "stock"
     seed: int | None = None
     sampling: str = "greedy"
+    batch_invariant: bool | None = None  # decoded in a batch: whether its tokens are exactly its solo run's
 
     JSON_KEYS = ("text", "token_ids", "new_tokens", "steps", "mean_accepted", "acceptance_by_depth", "wall_s",
                  "tokens_per_s", "method", "model", "lossless", "seed", "sampling", "finish_reason", "kernels")
@@ -91,28 +92,6 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-@dataclass
-class CompiledFallback:
-    """Where a configuration ``auto`` chose on the compiled backend runs a request whose static
-    cache (its prompt + new tokens) needs compiled steps that are not saved here: ``auto`` never
-    compiles mid-request (each step takes most of a minute), so such a request runs on the best
-    configuration ``auto`` measured without the compiled step, lossless on its own kernels.
-
-    Attributes:
-        sizes: the verify-block sizes of the compiled configuration.
-        label: the configuration used instead (``pld@onednn``).
-        build: builds its generator on the same loaded model (once, on first need).
-        generator: the one built.
-        saved: by static-cache size, whether every step of ``sizes`` is saved (checked once each).
-    """
-
-    sizes: tuple[int, ...]
-    label: str
-    build: Callable[[], SpeculativeGenerator]
-    generator: SpeculativeGenerator | None = None
-    saved: dict[int, bool] = field(default_factory=dict)
-
-
 class SpeculativeGenerator:
     """A verify runner plus one method. One request at a time per generator; several generators
     over one loaded model may run at once (in threads), each on runners of its own configuration,
@@ -122,7 +101,7 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, target: Runner, method: str, drafter, lossless: bool, threads: int | None = None,
-                 clock: Clock = now, measure: bool = True) -> None:
+                 clock: Clock = now, measure: bool = True, recipe: tuple[str, dict, bool] | None = None) -> None:
         self.target = target
         # the drafter, the clock every step is timed on (tests inject a fake one), the cost
         # profile's correction from verify timings and the drafter's per-request state
@@ -134,8 +113,9 @@ class SpeculativeGenerator:
         self.last_result: GenerationResult | None = None
         self.auto_choice = None  # where auto chose the configuration: its autoselect.Choice
         self.auto_table: dict[str, float] | None = None  # ... and the finalists' calibration tokens/s by label
-        self.fallback: CompiledFallback | None = None  # auto on compiled: requests whose steps are not saved
-        self.last_method: str | None = None  # what the latest request ran on: ``method``, or its fallback's
+        self.last_method: str | None = None  # what the latest request ran on (``method``, unless auto routed it)
+        self.recipe = recipe  # (method, options, trust_remote_code): how to build a drafter per batched request
+        self.last_batch_sizes: list[int] = []  # requests per packed forward of the latest batch
         self.measure = measure  # False (load(measure=False)): nothing written, the cost correction included
         gc = target.model.generation_config
         eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
@@ -195,11 +175,9 @@ class SpeculativeGenerator:
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
         warper = Warper(float(cfg.temperature), cfg.top_k, float(cfg.top_p))
         coupled = not warper.greedy and cfg.sampling == "coupled"
-        step = self.target.step  # the compiled backend's static-shape step, on a static cache
-        capacity = capacity_for(len(ids) + cfg.max_new_tokens) if step is not None else None
         return DecodeState(
             ids=list(ids), prompt_len=len(ids), cfg=cfg, warper=warper, generator=gen,
-            cache=step.take_cache(capacity) if step is not None else new_cache(model.config), step=step,
+            cache=self.target.new_cache(len(ids) + cfg.max_new_tokens),  # static on the compiled backend
             eos_ids=self.eos_ids,
             stop_check=make_stop_check(self.tokenizer, cfg.stop),
             noise=GumbelNoise(cfg.seed) if coupled else None,
@@ -224,46 +202,22 @@ class SpeculativeGenerator:
             sampling="greedy" if state.warper.greedy else state.cfg.sampling,
         )
 
-    def _instead(self, prompt: str | Sequence[int], cfg: GenerationConfig, chat: bool) -> SpeculativeGenerator | None:
-        """The generator of :attr:`fallback` where this request's compiled steps are not saved here."""
-        fb, step = self.fallback, self.target.step
-        if fb is None or step is None:
-            return None
-        n = len(encode_prompt(self.tokenizer, prompt, chat, self.target.model.config.vocab_size))
-        capacity = capacity_for(n + cfg.max_new_tokens)
-        if capacity not in fb.saved:
-            fb.saved[capacity] = not step.missing(capacity, fb.sizes, self.drafter.needs_hidden)
-        if fb.saved[capacity]:
-            return None
-        if fb.generator is None:
-            log.info(f"auto: this request needs a {capacity}-position static cache, whose compiled steps are not "
-                     f"saved here: it runs on {fb.label} (auto never compiles mid-request; `selfspec compile "
-                     f"--max-tokens {n + cfg.max_new_tokens}` compiles them once)")
-            fb.generator = fb.build()
-        return fb.generator
-
     def steps(self, prompt, chat: bool = True, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:
         """The decode loop, one item per verify step: ``(state, ids committed at it)``. The state is
         live (``state.stats``, ``state.done``, ``state.finish_reason``); stop iterating to cancel
         the request (nothing is left behind). ``gen_kwargs`` are :class:`GenerationConfig` fields;
         ``last_result`` is set once the loop ends."""
         cfg = GenerationConfig(**gen_kwargs)
-        other = self._instead(prompt, cfg, chat)
-        self.last_method = other.method if other is not None else self.method
-        if other is not None:
-            yield from other.steps(prompt, chat, **gen_kwargs)
-            self.last_result = other.last_result
-            return
+        self.last_method = self.method
         state = self._state(prompt, cfg, chat)
         try:
             with torch_threads(self.threads):  # under rejection sampling the controller restores the load-time state
                 t0 = self.clock(None)
-                for new in run(state, self.target.model, self.controller):
+                for new in run(state, self.target, self.controller):
                     yield state, new
                 self.last_result = self._result(state, self.clock(None) - t0)
         finally:  # finished, failed or cancelled: the compiled backend's static cache serves the next request
-            if state.step is not None:
-                state.step.give_back(state.cache)
+            self.target.release(state.cache)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
@@ -273,11 +227,79 @@ class SpeculativeGenerator:
         ids (used as is). Greedy when ``temperature == 0``; otherwise ``sampling`` says how (see
         :class:`~selfspec.config.GenerationConfig`): with the default ``coupled``, the same seed
         gives the same text for every method. ``seed=None`` draws one (``result.seed``)."""
+        if is_batch(prompt):
+            return self.generate_batch(list(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
+                                       top_p=top_p, top_k=top_k, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
+                                       sampling=sampling, include_stop=include_stop)
         for _ in self.steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                              top_k=top_k, seed=seed, stop=stop_strings(stop), ignore_eos=ignore_eos, sampling=sampling,
                              include_stop=include_stop):
             pass
         return self.last_result
+
+    def generate_batch(self, prompts: Sequence, max_batch: int | None = None, **gen_kwargs) -> list[GenerationResult]:
+        """Decode ``prompts`` together: each in a decode loop of its own (its own drafter, cache and
+        RNG), their verify and prompt blocks packed into one forward per step
+        (:class:`~selfspec.models.batch.Batcher`; continuous: a request that ends leaves the batch).
+        ``gen_kwargs`` are :meth:`generate`'s. On a row-invariant backend (``onednn``, ``int8``)
+        every request's tokens are those of its solo run; on ``stock`` they may differ where two
+        tokens' logits nearly tie (``result.batch_invariant``). The compiled backend decodes them one
+        after the other.
+
+        Args:
+            prompts: text prompts, token-id lists or conversations, one per request.
+            max_batch: the most requests in one forward (default: all of them).
+            gen_kwargs: :meth:`generate`'s; ``max_new_tokens`` and ``seed`` may also be one per prompt.
+        """
+        from .models.batch import Batcher, row_invariant
+
+        if not prompts:
+            return []
+        if self.target.step is not None:
+            log.info("the compiled backend decodes a batch's prompts one after the other")
+            return [self.generate(p, **gen_kwargs) for p in prompts]
+        if self.recipe is None:
+            raise SelfspecError("batched decoding builds a drafter per request: use a generator made by selfspec.load")
+        batcher = Batcher(self.target, max_batch or len(prompts))
+        method, options, trust_remote_code = self.recipe
+        gens = []
+        for _ in prompts:
+            drafter, lossless = build_drafter(self.target, method, options, trust_remote_code, measure=False)
+            gens.append(SpeculativeGenerator(batcher.slot(), self.method, drafter, lossless, clock=self.clock,
+                                             measure=False))
+        results: list = [None] * len(prompts)
+        errors: list[BaseException] = []
+
+        per_request = {k: v for k, v in gen_kwargs.items() if k in ("max_new_tokens", "seed")
+                       and isinstance(v, (list, tuple))}
+        for k, v in per_request.items():
+            if len(v) != len(prompts):
+                raise SelfspecError(f"{k} has {len(v)} values for {len(prompts)} prompts; give one, or one per prompt")
+
+        def work(i: int) -> None:
+            try:
+                results[i] = gens[i].generate(prompts[i], **{**gen_kwargs, **{k: v[i] for k, v in per_request.items()}})
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+                errors.append(e)
+            finally:
+                batcher.leave()
+
+        threads = [threading.Thread(target=work, args=(i,), name=f"selfspec-batch-{i}") for i in range(len(prompts))]
+        for _ in threads:
+            batcher.join()  # all of them before any forward: the first packed forward waits for every prompt
+        with torch_threads(self.threads):
+            for t in threads:
+                t.start()
+            batcher.drive()  # every packed forward in this thread, until the last request leaves
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[0]
+        invariant = row_invariant(self.kernels)
+        for r in results:
+            r.batch_invariant = invariant
+        self.last_batch_sizes = list(batcher.sizes)
+        return results
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
@@ -310,15 +332,32 @@ class SpeculativeGenerator:
             yield piece, new
 
 
-def build(target: Runner, method: str, options: dict, trust_remote_code: bool,
-          sizes: tuple[int, ...] = (1,), measure: bool = True) -> SpeculativeGenerator:
-    """``method`` with ``options`` verified on runner ``target``, through the registry. On the
-    compiled backend, the steps of blocks of ``sizes`` compile (or load from the cache) now, not
-    mid-request. ``measure`` off: nothing is timed or written (cached measurements, else fixed sizes)."""
+def is_batch(prompt) -> bool:
+    """Whether ``prompt`` is several prompts: a list of texts, of token-id lists or of conversations
+    (a list of ids, or of ``{"role", "content"}`` messages, is one prompt)."""
+    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
+            and all(isinstance(p, str) or (isinstance(p, (list, tuple)) and not isinstance(p, str)) for p in prompt))
+
+
+def build_drafter(target: Runner, method: str, options: dict, trust_remote_code: bool,
+                  sizes: tuple[int, ...] = (1,), measure: bool = True) -> tuple[object, bool]:
+    """``method``'s drafter with ``options`` over runner ``target``, through the registry, and
+    whether the method is lossless. On the compiled backend, the steps of blocks of ``sizes``
+    compile (or load from the cache) now, not mid-request. ``measure`` off: nothing is timed or
+    written (cached measurements, else fixed sizes)."""
     ctx = BuildContext(device=target.device, dtype=target.model.dtype, trust_remote_code=trust_remote_code,
                        kernels=target.backend, measure=measure)
     spec = METHODS[method]
     drafter = spec.build(target, method_config(method, options), ctx)
     if target.step is not None:
         target.step.warm_up(MIN_CAPACITY, sizes, drafter.needs_hidden)
-    return SpeculativeGenerator(target, method, drafter, spec.lossless, measure=measure)
+    return drafter, spec.lossless
+
+
+def build(target: Runner, method: str, options: dict, trust_remote_code: bool,
+          sizes: tuple[int, ...] = (1,), measure: bool = True) -> SpeculativeGenerator:
+    """The generator of ``method`` with ``options`` verified on runner ``target`` (see
+    :func:`build_drafter`)."""
+    drafter, lossless = build_drafter(target, method, options, trust_remote_code, sizes, measure)
+    return SpeculativeGenerator(target, method, drafter, lossless, measure=measure,
+                                recipe=(method, dict(options), trust_remote_code))

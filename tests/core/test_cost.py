@@ -4,12 +4,12 @@ isotonic fit, online correction from verify timings, and ``selfspec profile``.""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
 
 import selfspec.core.cost as cost
+from selfspec.core import store
 from selfspec.core.cost import CostProfile, load_or_measure
 from selfspec.core.online_cost import OnlineCost
 
@@ -135,7 +135,8 @@ def test_persist_writes_the_corrected_profile_and_never_raises(tmp_path):
     for _ in range(6):
         online.observe(2, 3.0)
     assert online.persist() == tmp_path / "p.json"
-    saved = CostProfile.from_json(json.loads((tmp_path / "p.json").read_text()))
+    saved = store.read_at(tmp_path / "p.json", "k-persist", CostProfile)
+    assert saved is not None
     assert saved.raw == (1.0, 3.0) and saved.last_drift == pytest.approx(0.5) and saved.source == "corrected"
     (tmp_path / "file").write_text("")
     assert online.persist(tmp_path / "file" / "p.json") is None  # unwritable: no exception
@@ -179,7 +180,7 @@ def test_drift_over_thirty_percent_is_measured_again_once(tmp_path, monkeypatch)
     assert len(calls) == 1
 
     def drifted(p, d, **kw):
-        cost.write_profile(cost.replace(p, last_drift=d, source="corrected", **kw), cost.profile_path(p.key))
+        store.write_at(cost.profile_path(p.key), p.key, cost.replace(p, last_drift=d, source="corrected", **kw))
 
     drifted(prof, 0.2)
     assert load_or_measure(model, key).last_drift == 0.2 and len(calls) == 1  # within 30%: kept

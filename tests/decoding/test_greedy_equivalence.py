@@ -137,12 +137,13 @@ def flat_cost(target):
     """The target's cached cost profile made flat (T(q) = T(1) for every q), so that every
     cost-sized method drafts whatever the machine's speed: a cost-sized case that drafted nothing
     would only test ``ar``. The profile is the one the drafters load (same key, same cache)."""
-    from selfspec.core.cost import CostProfile, save_cache
+    from selfspec.core import store
+    from selfspec.core.cost import CostProfile
 
     key = target.cost_key
     qs = tuple(range(1, 301))  # every block size a method asks to have measured (SPACE, msn trees)
     flat = CostProfile(qs, (0.01,) * len(qs), 256, key, (0.01,) * len(qs), (0.0,) * len(qs), 3)
-    assert save_cache(key, flat.to_json()) is not None
+    assert store.write(key, flat, "cost profile") is not None
     return flat
 
 

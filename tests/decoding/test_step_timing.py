@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 import selfspec
-from selfspec.core.cost import CostProfile, save_cache
+from selfspec.core import store
+from selfspec.core.cost import CostProfile
 from selfspec.decoding.state import StepTime
 from selfspec.drafters.scripted import ScriptedDrafter
 from selfspec.models.loading import load_model
@@ -52,7 +53,7 @@ def flat_cost(target):
     """A flat cost profile at 10 ms a forward (every cost-sized draft pays if drafting is free)."""
     key = target.cost_key
     qs = tuple(range(1, 65))
-    save_cache(key, CostProfile(qs, (0.01,) * len(qs), 256, key, (0.01,) * len(qs), (0.0,) * len(qs), 3).to_json())
+    store.write(key, CostProfile(qs, (0.01,) * len(qs), 256, key, (0.01,) * len(qs), (0.0,) * len(qs), 3), "profile")
 
 
 @pytest.mark.parametrize("temperature, sampling", [(0.0, "coupled"), (0.8, "coupled"), (0.8, "rejection")])

@@ -86,15 +86,15 @@ def test_draft_step_context_isolation(target):
     seen = {}
     inner_verify = loop.verify
 
-    def spy(state, model, proposal, want_hidden):
-        out = inner_verify(state, model, proposal, want_hidden)
+    def spy(state, runner, proposal, want_hidden):
+        out = inner_verify(state, runner, proposal, want_hidden)
         if proposal.piggyback is not None and "with" not in seen:
             import copy
 
             cache = copy.deepcopy(state.cache)
             kv_cache.truncate(cache, out.base)  # drop the rows this forward wrote
-            alone = loop.forward_block(model, cache, proposal.tree.tokens, proposal.tree.depths + out.base,
-                                       None, False)
+            alone = runner.forward(cache, proposal.tree.tokens, proposal.tree.depths + out.base, None, False,
+                                   out.base)
             seen["with"], seen["alone"] = out.tree_logits[0], alone.logits[0]
             assert out.piggyback_logits.shape == (4, VOCAB)
         return out

@@ -17,11 +17,11 @@ from selfspec.core.cost import CostProfile
 from selfspec.core.mask_groups import mask_groups
 from selfspec.core.sampling import Warper
 from selfspec.core.tree import DraftTree
-from selfspec.decoding import loop
 from selfspec.decoding.protocol import Piggyback, Proposal
 from selfspec.decoding.state import VerifyOutput
 from selfspec.drafters.space import SpaceAcceptance, accept_paper, step_tokens
 from selfspec.errors import SelfspecError
+from selfspec.models.adapter import forward_block
 from selfspec.models.loading import load_model
 
 from ..conftest import VOCAB, prompt_ids
@@ -69,7 +69,7 @@ def test_masked_forward_context_isolation(target):
         base = cache.get_seq_length()
         ids = torch.cat([real, torch.full((rel.numel(),), MASK)])
         pos = torch.cat([torch.arange(real.numel()), rel]) + base
-        out = loop.forward_block(model, copy.deepcopy(cache), ids, pos, block).logits
+        out = forward_block(model, copy.deepcopy(cache), ids, pos, block).logits
 
         def plain(seq):
             return model(input_ids=torch.tensor([seq])).logits[0].float()
@@ -82,7 +82,7 @@ def test_masked_forward_context_isolation(target):
                 assert torch.allclose(out[real.numel() + g * k + j], ref, atol=1e-5), (g, j)
         other = ids.clone()
         other[real.numel() : real.numel() + k] = 11  # change group 0's tokens
-        out2 = loop.forward_block(model, copy.deepcopy(cache), other, pos, block).logits
+        out2 = forward_block(model, copy.deepcopy(cache), other, pos, block).logits
         assert torch.allclose(out2[real.numel() + k :], out[real.numel() + k :], atol=1e-6)
         assert torch.allclose(out2[: real.numel()], out[: real.numel()], atol=1e-6)
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from selfspec.autoselect.kernels import choose, fastest_runner
-from selfspec.core.cost import profile_key, profile_path
+from selfspec.core import store
+from selfspec.core.cost import profile_key
 from selfspec.errors import SelfspecError
 from selfspec.kernels import KERNELS, current_backend
 from selfspec.kernels.auto import candidates
@@ -35,16 +36,16 @@ def test_auto_picks_a_measured_fp32_backend_and_caches_it(tiny_dir, monkeypatch)
     assert set(candidates(t.model)) <= {"stock", "onednn"}
     choice = choose(t.model, "tiny", lambda k: t.runner(k).model)
     assert choice in candidates(t.model)
-    path = profile_path(profile_key(t.model, "tiny", "auto-choice"))
+    path = store.path(store.key(store.Kind.KERNELS_CHOICE, t.model, "tiny", "auto"))
     if len(candidates(t.model)) > 1:
-        saved = json.loads(path.read_text())
+        saved = json.loads(path.read_text())["data"]
         assert saved["backend"] == choice and set(saved["seconds"]) == set(candidates(t.model))
     assert fastest_runner(load_model(str(tiny_dir)).base).backend in candidates(t.model)
 
-    def no_timing(model, name):
+    def no_timing(model):
         raise AssertionError("a cached choice must not be measured again")
 
-    monkeypatch.setattr(auto, "quick_cost", no_timing)
+    monkeypatch.setattr(auto, "quick_case", no_timing)
     assert choose(t.model, "tiny", lambda k: t.runner(k).model) == choice  # the cached choice, not a new measurement
 
 
@@ -54,15 +55,18 @@ def test_auto_remeasures_a_corrupt_choice(tiny_dir, monkeypatch):
     t = load_model(str(tiny_dir))
     if len(candidates(t.model)) == 1:
         pytest.skip("only one fp32 backend here: nothing is measured")
-    path = profile_path(profile_key(t.model, "tiny-corrupt", "auto-choice"))
+    key = store.key(store.Kind.KERNELS_CHOICE, t.model, "tiny-corrupt", "auto")
+    path = store.path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     timed = []
-    monkeypatch.setattr(auto, "quick_cost", lambda model, name: timed.append(1) or 0.1)
-    for bad in ("{oops", json.dumps({"backend": "warp"}), json.dumps(["stock"])):
+    monkeypatch.setattr(auto, "quick_case", lambda model: (lambda: timed.append(1), lambda: None))
+    envelope = {"schema": store.SCHEMA, "kind": "kernels-choice", "key": key}
+    for bad in ("{oops", json.dumps({**envelope, "data": {"backend": "warp", "seconds": {}}}), json.dumps(["stock"]),
+                json.dumps({"backend": "stock", "seconds": {}})):
         path.write_text(bad)
         assert choose(t.model, "tiny-corrupt", lambda k: t.runner(k).model) in candidates(t.model)
-    assert len(timed) == 3 * auto.ROUNDS * len(candidates(t.model))  # measured again each time
-    assert json.loads(path.read_text())["backend"] in candidates(t.model)
+    assert len(timed) == 4 * (auto.ROUNDS + 1) * len(candidates(t.model))  # measured again each time (+ warm-up)
+    assert json.loads(path.read_text())["data"]["backend"] in candidates(t.model)
 
 
 def test_load_defaults_to_auto_kernels(tiny_dir, monkeypatch):

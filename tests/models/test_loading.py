@@ -188,7 +188,7 @@ def test_nowhere_writable_skips_the_cache_with_a_note(shared_home, monkeypatch, 
 def test_read_only_shared_home_is_read_and_profiles_go_to_the_user_cache(shared_home, tiny_dir, caplog):
     """A shared home that holds a profile is read from; a new one is measured into the user cache,
     then read from there, and the shared home is left as it was."""
-    from selfspec.core import cost
+    from selfspec.core import cost, store
     from selfspec.models.loading import load_model
 
     home, user = shared_home
@@ -198,7 +198,7 @@ def test_read_only_shared_home_is_read_and_profiles_go_to_the_user_cache(shared_
     home.chmod(0o755)  # the administrator fills the shared cache
     shared.parent.mkdir()
     times = tuple(0.01 + 0.001 * q for q in cost.DEFAULT_QS)
-    shared.write_text(json.dumps(cost.CostProfile(cost.DEFAULT_QS, times, 64, key).to_json()))
+    store.write_at(shared, key, cost.CostProfile(cost.DEFAULT_QS, times, 64, key))
     home.chmod(0o555)
     assert cost.profile_path(key) == shared
     assert cost.load_or_measure(t.model, key).seconds == times  # read, not measured

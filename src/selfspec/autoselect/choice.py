@@ -9,11 +9,12 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import ClassVar
 
-from ..core import cost
-from ..core.cost import profile_key, profile_path, save_cache
+from ..core import store
 from ..core.machine import LoadMonitor
 from ..errors import SelfspecError
 from ..models.loading import Runner
@@ -59,9 +60,40 @@ def _artefacts(target: Runner, cands: Sequence[Candidate]) -> list:
     return out
 
 
+@dataclass(frozen=True)
+class AutoRecord:
+    """``auto``'s stored choice: the chosen label, the finalists' and the pruned candidates' tokens/s,
+    whether the machine was busy, and how it was measured (load, candidates, prompts, tokens)."""
+
+    KIND: ClassVar[store.Kind] = store.Kind.AUTO_CHOICE
+    choice: str
+    table: dict[str, float]
+    pruned: dict[str, float]
+    busy: bool
+    load: dict = field(default_factory=dict)
+    candidates: list[str] = field(default_factory=list)
+    prompts: int = 0
+    max_new_tokens: int = 0
+
+    def to_json(self) -> dict:
+        return {"format": CACHE_FORMAT, "choice": self.choice, "table": self.table, "pruned": self.pruned,
+                "busy": self.busy, "load": self.load, "candidates": self.candidates, "prompts": self.prompts,
+                "max_new_tokens": self.max_new_tokens}
+
+    @classmethod
+    def from_json(cls, d: dict) -> AutoRecord:
+        if not isinstance(d["busy"], bool) or not isinstance(d["choice"], str):
+            raise TypeError("an auto choice names a label and whether the machine was busy")
+        return cls(d["choice"], {str(k): float(v) for k, v in d["table"].items()},
+                   {str(k): float(v) for k, v in d["pruned"].items()}, d["busy"], dict(d.get("load") or {}),
+                   [str(c) for c in d.get("candidates") or []], int(d.get("prompts", 0)),
+                   int(d.get("max_new_tokens", 0)))
+
+
 def cache_key(target: Runner, cands: Sequence[Candidate]) -> str:
-    """Model, dtype, device, machine (CPU, threads, torch), candidate list, draft artefacts and,
-    where a candidate runs on the compiled backend, the version of its steps' code
+    """The store key (:func:`~selfspec.core.store.key`) of the choice among ``cands``: model, dtype,
+    device, machine (CPU, threads, torch), candidate list, draft artefacts and, where a candidate
+    runs on the compiled backend, the version of its steps' code
     (:func:`~selfspec.models.aot_step.code_version`)."""
     from ..models.aot_step import code_version
 
@@ -69,25 +101,20 @@ def cache_key(target: Runner, cands: Sequence[Candidate]) -> str:
     sig = hashlib.sha256(json.dumps([[[c.method, c.options, c.kernels, c.precision] for c in cands],
                                      _artefacts(target, cands), CALIBRATION_PROMPTS, CALIBRATION_TOKENS, PRUNE_TOKENS,
                                      list(ROUNDS), step_code], sort_keys=True).encode()).hexdigest()
-    return profile_key(target.model, target.name, "auto") + f"|{CACHE_FORMAT}|{sig[:12]}"
+    return store.key(store.Kind.AUTO_CHOICE, target.model, target.name, "auto", CACHE_FORMAT, sig[:12])
 
 
 def cache_path(target: Runner, cands: Sequence[Candidate]) -> Path:
-    return profile_path(cache_key(target, cands))
+    return store.path(cache_key(target, cands))
 
 
-def read_cache(path: Path, cands: Sequence[Candidate]) -> Choice | None:
-    """The cached choice, or None when missing, corrupt or naming no current candidate."""
+def read_cache(key: str, cands: Sequence[Candidate]) -> Choice | None:
+    """The stored choice of ``key``, or None when missing, corrupt or naming no current candidate."""
     by_label = {c.label: c for c in cands}
-
-    def parse(d: dict) -> Choice | None:
-        label, table, pruned, busy = d["choice"], d["table"], d["pruned"], d["busy"]
-        if label not in by_label or not isinstance(busy, bool):
-            return None
-        return Choice(by_label[label], {str(k): float(v) for k, v in table.items()},
-                      {str(k): float(v) for k, v in pruned.items()}, cached=True, busy=busy)
-
-    return cost.read_cache(path, parse)
+    rec = store.read(key, AutoRecord)
+    if rec is None or rec.choice not in by_label:
+        return None
+    return Choice(by_label[rec.choice], rec.table, rec.pruned, cached=True, busy=rec.busy)
 
 
 def machine_busy() -> bool:
@@ -120,14 +147,14 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
         return Choice(cands[0])
     key = cache_key(target, cands)
     if not measure:
-        cached = read_cache(profile_path(key), cands)
+        cached = read_cache(key, cands)
         if cached is not None:
             return cached
         first = next((c for c in cands if c.method == reference), cands[0])
         log.info("auto: nothing measured (measure off) and no cached choice for %s: %s", target.name, first.label)
         return Choice(first)
     if not remeasure:
-        cached = read_cache(profile_path(key), cands)
+        cached = read_cache(key, cands)
         if cached is not None and not (cached.busy and not busy_now()):
             return cached
         if cached is not None:
@@ -150,7 +177,6 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
     ranked = sorted(table.items(), key=lambda kv: -kv[1])
     log.info("auto: chose %s (%s tok/s; %.0f s%s)", label, ", ".join(f"{k} {v:.1f}" for k, v in ranked),
              clock() - t0, "; the machine was busy: measured again on a quiet start" if choice.busy else "")
-    save_cache(key, {"format": CACHE_FORMAT, "choice": label, "table": table, "pruned": choice.pruned,
-                     "busy": choice.busy, "load": mon.summary(), "candidates": [c.label for c in cands],
-                     "prompts": len(prompts), "max_new_tokens": CALIBRATION_TOKENS}, "auto choice")
+    store.write(key, AutoRecord(label, table, choice.pruned, choice.busy, mon.summary(), [c.label for c in cands],
+                                len(prompts), CALIBRATION_TOKENS), "auto choice")
     return choice

@@ -14,13 +14,14 @@ import torch
 
 from ..drafters.spec import AutoContext
 from ..errors import SelfspecError
-from ..generator import CompiledFallback, SpeculativeGenerator, build
+from ..generator import SpeculativeGenerator, build, build_drafter
 from ..models.compiled_step import MIN_CAPACITY
 from ..models.runner import LoadedModel
 from ..models.selftest import cached_tree_self_test
 from ..registry import AUTO, BASELINE, METHODS, compiled_blocks, method_config
 from .calibration import Candidate, auto_label, candidates, usable_precisions
 from .choice import choose
+from .routing import AutoGenerator, CompiledFallback
 
 log = logging.getLogger("selfspec.auto")
 
@@ -113,14 +114,10 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
     choice = choose(asked, make, cands, reference, remeasure=remeasure, measure=measure)
     c = choice.candidate
     target = base.runner(c.kernels)
-    g = build(target, c.method, c.options, trust_remote_code, measure=measure)  # later blocks: loaded when met
-    if method == AUTO:
-        g.method = auto_label(c)
-    g.auto_choice = choice
-    g.auto_table = choice.table
     measured = {**choice.pruned, **choice.table}
     alt = max((x for x in cands if x.kernels != "compiled" and x.label in measured), key=lambda x: measured[x.label],
               default=None)
+    fallback = None
     if c.kernels == "compiled" and alt is not None:
 
         def build_alt() -> SpeculativeGenerator:
@@ -129,7 +126,10 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
                 h.method = auto_label(alt)
             return h
 
-        g.fallback = CompiledFallback(auto_sizes(c), alt.label, build_alt)
+        fallback = CompiledFallback(auto_sizes(c), alt.label, build_alt)
     elif not keep:
         base.keep_only(target.backend)  # the runners not chosen: their weight copies freed
-    return g
+    drafter, lossless = build_drafter(target, c.method, c.options, trust_remote_code, measure=measure)  # later
+    # blocks: loaded when met
+    return AutoGenerator(target, auto_label(c) if method == AUTO else c.method, drafter, lossless, choice, fallback,
+                         measure=measure, recipe=(c.method, dict(c.options), trust_remote_code))

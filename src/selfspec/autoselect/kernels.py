@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ..core.cost import profile_key, profile_path, read_cache, save_cache
-from ..kernels.auto import ROUNDS, candidates, quick_cost
+from ..core import store
+from ..core.timing import interleaved
+from ..kernels.auto import ROUNDS, candidates, quick_case
 from ..models.runner import LoadedModel, Runner
 
 log = logging.getLogger("selfspec.kernels")
@@ -30,28 +31,29 @@ def fastest_runner(base: LoadedModel, measure: bool = True) -> Runner:
 
 
 def choose(model: nn.Module, model_name: str, runner_model: Callable[[str], nn.Module], measure: bool = True) -> str:
-    """The backend with the lowest :func:`quick_cost`; cached per model and machine.
+    """The backend with the lowest T(1) + T(4) (:func:`~selfspec.kernels.auto.quick_case`); stored per
+    model and machine.
     ``runner_model(backend)``: the module tree of ``model``'s runner on that backend (built once
     by the caller; :meth:`~selfspec.models.runner.LoadedModel.runner`). ``measure`` off: the cached
     choice, else ``stock`` (nothing is timed or written)."""
     cands = candidates(model)
     if len(cands) == 1:
         return cands[0]
-    choice = read_cache(profile_path(profile_key(model, model_name, "auto-choice")), lambda d: d["backend"])
-    if isinstance(choice, str) and choice in cands:  # corrupt or unreadable: measured again, never trusted
-        return choice
+    key = store.key(store.Kind.KERNELS_CHOICE, model, model_name, "auto")
+    cached = store.read(key, store.KernelsChoice)
+    if cached is not None and cached.backend in cands:  # corrupt or unreadable: measured again, never trusted
+        return cached.backend
     if not measure:
         log.info(f"kernels auto: nothing measured (measure off) and no cached choice: stock kernels for {model_name}")
         return "stock"
     log.info(f"timing fp32 kernels ({', '.join(cands)}) for {model_name} on this machine (once) ...")
-    samples: dict[str, list[float]] = {name: [] for name in cands}
-    for _ in range(ROUNDS):  # interleaved, so a change of machine load hits every candidate alike
-        for name in cands:  # each candidate as it would run: its layers and its attention function
-            samples[name].append(quick_cost(runner_model(name), model_name))
+    cases = {name: quick_case(runner_model(name)) for name in cands}  # each runner as it would run
+    samples = interleaved({name: case for name, (case, _) in cases.items()}, ROUNDS,
+                          device=next(model.parameters()).device, reset=lambda name: cases[name][1]())
     costs = {name: statistics.median(v) for name, v in samples.items()}
     choice = min(costs, key=costs.get)
     log.info(f"{choice} kernels are the fastest here ("
              + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in costs.items()) + " for T(1) + T(4))")
     # a read-only home: the per-user cache, else measured again next time (a note, not an error)
-    save_cache(profile_key(model, model_name, "auto-choice"), {"backend": choice, "seconds": costs}, "kernels choice")
+    store.write(key, store.KernelsChoice(choice, costs), "kernels choice")
     return choice

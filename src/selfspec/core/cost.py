@@ -7,26 +7,22 @@ machine in use, cached per model, dtype, device and machine under ``$SELFSPEC_HO
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-from . import kv_cache
+from . import kv_cache, store
 from .attention import decode_attention
-from .machine import machine_id
-from .timing import Stopwatch
+from .store import Kind
+from .timing import interleaved
 
 log = logging.getLogger("selfspec.cost")
 
-T = TypeVar("T")
 DEFAULT_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 PROFILE_QS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # ``selfspec profile``, capped at --max-q
 MIN_ROUNDS = 3  # measured rounds at least (after one warm-up round); medians of these
@@ -88,6 +84,7 @@ class CostProfile:
     its ``persist`` on the next load.
     """
 
+    KIND: ClassVar[Kind] = Kind.COST_PROFILE
     qs: tuple[int, ...]
     seconds: tuple[float, ...]
     context: int
@@ -170,16 +167,9 @@ the ``compiled`` backend cached before its step was timed were of the eager forw
 
 
 def profile_key(model: torch.nn.Module, model_name: str, backend: str = "stock", stepped: bool = False) -> str:
-    """The cache key of a profile: model, config, dtype, device, backend (``+step`` when timed
-    through the backend's step) and machine."""
-    if stepped:
-        backend = f"{backend}+{STEP_TAG}"
-    p = next(model.parameters())
-    dev = str(p.device)
-    if p.device.type == "cuda":
-        dev = torch.cuda.get_device_name(p.device)
-    cfg_hash = hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:12]
-    return f"{model_name}|{cfg_hash}|{p.dtype}|{dev}|{backend}|{machine_id()}"
+    """The store key of a profile (:func:`~selfspec.core.store.key`): model, config, dtype, device,
+    backend (``+step`` when timed through the backend's step) and machine."""
+    return store.key(Kind.COST_PROFILE, model, model_name, f"{backend}+{STEP_TAG}" if stepped else backend)
 
 
 @torch.inference_mode()
@@ -203,23 +193,25 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
     else:
         cache = kv_cache.new_cache(model.config)
         model(input_ids=prompt.to(device), **kv_cache.cache_arg(model, cache), use_cache=True, logits_to_keep=1)
-    times: dict[int, list[float]] = {q: [] for q in qs}
-    for r in range(reps + 1):  # round 0 warms up (and compiles or loads a step's shapes)
-        for q in qs:
-            ids = torch.randint(0, vocab, (q,), generator=g)
-            pos = torch.arange(context, context + q)
-            if step is not None:
-                with Stopwatch(device) as watch:
-                    step.forward(cache, ids, pos, None, hidden, base=context)
-            else:
-                with decode_attention(device), Stopwatch(device) as watch:
-                    model(input_ids=ids.to(device)[None], position_ids=pos.to(device)[None],
-                          **kv_cache.cache_arg(model, cache), use_cache=True)
-                kv_cache.truncate(cache, context)
-            if r > 0:
-                times[q].append(watch.seconds)
-        if progress:
-            log.info(f"cost profile round {r}/{reps}")
+    blocks = {q: (torch.randint(0, vocab, (q,), generator=g), torch.arange(context, context + q)) for q in qs}
+
+    def case(q: int) -> Callable[[], object]:
+        ids, pos = blocks[q]
+        if step is not None:
+            return lambda: step.forward(cache, ids, pos, None, hidden, base=context)
+
+        def eager() -> None:
+            with decode_attention(device):
+                model(input_ids=ids.to(device)[None], position_ids=pos.to(device)[None],
+                      **kv_cache.cache_arg(model, cache), use_cache=True)
+        return eager
+
+    def back(q: int) -> None:  # the step writes its block at ``base``: nothing to undo
+        if step is None:
+            kv_cache.truncate(cache, context)
+
+    times = interleaved({q: case(q) for q in qs}, reps, warmup=1, device=device, reset=back,  # the warm-up round
+                        on_round=(lambda r: log.info(f"cost profile round {r}/{reps}")) if progress else None)
     if step is not None:
         step.give_back(cache)
     raw = tuple(statistics.median(times[q]) for q in qs)
@@ -228,20 +220,8 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
 
 
 def profile_path(key: str) -> Path:
-    """Where the cache file of ``key`` is read: ``$SELFSPEC_HOME/profiles``, or the per-user cache
-    when the home is read-only (see :func:`~selfspec.paths.cache_file`)."""
-    from ..paths import cache_file
-
-    return cache_file("profiles", f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json")
-
-
-def save_cache(key: str, data: dict, what: str = "cost profile") -> Path | None:
-    """Write ``data`` as the cache file of ``key`` where it can be written; None (and a one-line
-    note) when nowhere is writable (see :func:`~selfspec.paths.write_cache_file`)."""
-    from ..paths import write_cache_file
-
-    name = f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
-    return write_cache_file("profiles", name, json.dumps(data, indent=1), what)
+    """Where the profile of ``key`` is read (:func:`~selfspec.core.store.path`)."""
+    return store.path(key)
 
 
 def load_or_measure(model: torch.nn.Module, key: str, what: str = "the model", remeasure: bool = False,
@@ -260,23 +240,9 @@ def load_or_measure(model: torch.nn.Module, key: str, what: str = "the model", r
     return prof
 
 
-CORRUPT = (OSError, ValueError, KeyError, TypeError, AttributeError)  # what a missing or corrupt cache raises
-
-
-def read_cache(path: Path, parse: Callable[[Any], T]) -> T | None:
-    """``parse`` of the JSON cache file at ``path``; None when it is missing, unreadable or corrupt
-    (invalid JSON, or a shape ``parse`` rejects by raising one of :data:`CORRUPT`): the one reader
-    of every run-time cache, so a corrupt file is measured again, never trusted, and nothing else
-    is swallowed."""
-    try:
-        return parse(json.loads(path.read_text()))
-    except CORRUPT:  # JSONDecodeError is a ValueError
-        return None
-
-
 def read_cached(key: str) -> CostProfile | None:
-    """The cached profile of ``key``; None when missing, unreadable, corrupt or of another key."""
-    prof = read_cache(profile_path(key), CostProfile.from_json)
+    """The stored profile of ``key``; None when missing, unreadable, corrupt or of another key."""
+    prof = store.read(key, CostProfile)
     return prof if prof is not None and prof.key == key else None
 
 
@@ -310,26 +276,6 @@ def monotone_note(prof: CostProfile) -> str | None:
             "with `selfspec profile --remeasure`")
 
 
-def write_profile(prof: CostProfile, path: Path) -> None:
-    """Write ``prof`` to ``path`` atomically (raises OSError)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(prof.to_json(), indent=1))
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _write_path(key: str) -> Path | None:
-    """Where the profile of ``key`` is written now (None: nowhere writable), fixed at load so
-    that a later write-back goes where this process's cache was (tests change the home)."""
-    from ..paths import writable_cache_dir
-
-    d = writable_cache_dir("profiles")
-    return None if d is None else d / profile_path(key).name
-
-
 def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], remeasure: bool = False,
                       max_q: int = 0, reps: int = MIN_ROUNDS, progress: bool = False,
                       what: str = "the model", step: BlockStep | None = None,
@@ -343,7 +289,7 @@ def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], rem
         covers = max(prof.qs) >= max_q if max_q else set(qs) <= set(prof.qs)
         reason = stale_reason(prof)
         if covers and reason is None:
-            return replace(prof, path=_write_path(key)), False
+            return replace(prof, path=store.write_path(key)), False
         if reason is not None:
             again = prof.last_drift > DRIFT_REMEASURE
             log.info(f"{reason}; measuring it again ...")
@@ -356,5 +302,5 @@ def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], rem
     note = monotone_note(prof)
     if note:
         log.info(note.removeprefix("selfspec: "))
-    saved = save_cache(key, prof.to_json())
-    return replace(prof, path=saved or _write_path(key)), True
+    saved = store.write(key, prof, "cost profile")
+    return replace(prof, path=saved or store.write_path(key)), True

@@ -12,7 +12,8 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from .cost import MIN_OBSERVATIONS, CostProfile, isotonic, read_cache, write_profile
+from . import store
+from .cost import MIN_OBSERVATIONS, CostProfile, isotonic
 
 EMA_ALPHA = 0.1  # weight of a new verify timing in the online average
 
@@ -97,9 +98,10 @@ class OnlineCost:
             path = path or self.profile.path
             if path is None or not self.estimates():
                 return None
-            disk = read_cache(path, CostProfile.from_json)
-            base = disk if disk is not None and disk.key == self.profile.key else self.profile
-            write_profile(self.corrected(base), path)
+            key = self.profile.key
+            disk = store.read_at(path, key, CostProfile)
+            base = disk if disk is not None and disk.key == key else self.profile
+            store.write_at(path, key, self.corrected(base))
             return path
         except Exception:  # noqa: BLE001 -- best effort by contract
             return None

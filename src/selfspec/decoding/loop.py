@@ -12,9 +12,8 @@ import torch
 
 from ..core import kv_cache
 from ..core.acceptance import Verdict, accept_greedy, accept_sampling
-from ..core.attention import decode_attention
 from ..core.sampling import sample
-from ..models.adapter import forward_block
+from ..models.runner import Runner
 from .controller import DraftController
 from .protocol import Drafter, Proposal
 from .state import DecodeState, VerifyOutput
@@ -28,27 +27,14 @@ def choose_token(state: DecodeState, logits: torch.Tensor) -> int:
     return sample(state.warper.probs(logits), state.generator)
 
 
-def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> list[int]:
+def prefill(state: DecodeState, runner: Runner, drafter: Drafter) -> list[int]:
     """Run the prompt (all but nothing: the whole prompt, like ``generate``), choose the first
     token, and hand the prompt forward to the drafter. Returns the committed first token(s)."""
-    device = next(model.parameters()).device
+    device = runner.device
     now = state.clock
     t0 = now(None)
-    prompt = torch.tensor(state.ids, dtype=torch.long)
-    if state.step is not None:  # the compiled backend's static cache (the prompt in blocks through its step)
-        block = state.step.prefill(state.cache, prompt, drafter.needs_hidden)
-        logits, hidden = block.logits[-1], block.hidden
-    else:
-        with decode_attention(device):
-            out = model(
-                input_ids=prompt.to(device)[None],
-                **kv_cache.cache_arg(model, state.cache),
-                use_cache=True,
-                output_hidden_states=drafter.needs_hidden,
-                logits_to_keep=1,
-            )
-        logits = out.logits[0, -1].float()
-        hidden = tuple(h[0] for h in out.hidden_states) if drafter.needs_hidden else None
+    block = runner.prefill(state.cache, torch.tensor(state.ids, dtype=torch.long), drafter.needs_hidden)
+    logits, hidden = block.logits[-1], block.hidden
     first = choose_token(state, logits)
     state.stats.prefill_s += now(device) - t0
     kept = state.commit([first])
@@ -59,13 +45,13 @@ def prefill(state: DecodeState, model: torch.nn.Module, drafter: Drafter) -> lis
     return kept
 
 
-def verify(state: DecodeState, model: torch.nn.Module, proposal: Proposal, want_hidden: bool) -> VerifyOutput:
+def verify(state: DecodeState, runner: Runner, proposal: Proposal, want_hidden: bool) -> VerifyOutput:
     """One target forward over the tree (and piggyback tokens), KV appended after ``base``, the
     committed tokens but the pending one (not read from a static cache: its length counter lives
     on the device, and reading it would be a second transfer per step)."""
     tree, pig = proposal.tree, proposal.piggyback
     base = len(state.ids) - 1  # the cache holds every committed token but the pending one
-    if state.step is None and kv_cache.cache_length(state.cache) != base:  # a host int here: free to check
+    if runner.step is None and kv_cache.cache_length(state.cache) != base:  # a host int here: free to check
         raise RuntimeError("before verifying, the cache holds "
                            f"{kv_cache.cache_length(state.cache)} positions, not the {base} committed ones")
     ids = tree.tokens
@@ -81,10 +67,7 @@ def verify(state: DecodeState, model: torch.nn.Module, proposal: Proposal, want_
             block = full
             ids = torch.cat([ids, pig.tokens])
             positions = torch.cat([positions, pig.positions])
-    if state.step is not None:  # the compiled backend: padded to a static shape
-        out = state.step.forward(state.cache, ids, positions, block, want_hidden, base)
-    else:
-        out = forward_block(model, state.cache, ids, positions, block, want_hidden)
+    out = runner.forward(state.cache, ids, positions, block, want_hidden, base)  # a step pads to a static shape
     n = tree.size
     pig_logits = out.logits[n:] if pig is not None else None
     return VerifyOutput(base, out.logits[:n], pig_logits, out.hidden)
@@ -105,16 +88,16 @@ def accept(state: DecodeState, proposal: Proposal, out: VerifyOutput) -> Verdict
 
 
 @torch.inference_mode()
-def run(state: DecodeState, model: torch.nn.Module, controller: DraftController) -> Iterator[list[int]]:
+def run(state: DecodeState, runner: Runner, controller: DraftController) -> Iterator[list[int]]:
     """Decode until a stop condition; yields the token ids committed at each step. Every step is
     timed on the controller's clock; the controller gets every verify forward's time (its cost
     correction), and after each step the measured seconds (``state.step_time``) for the
     drafter's sizer, before the drafter's own ``observe``."""
-    device = next(model.parameters()).device
+    device = runner.device
     controller.start(state)
     drafter = controller.drafter
     now = state.clock
-    yield prefill(state, model, drafter)
+    yield prefill(state, runner, drafter)
     while not state.done:
         t0 = now(None)  # draft time: t0..t1 and t2..t3; verify time: t1..t2 (synced: the device's work)
         budget = controller.budget()  # how much to draft: the sizer's, consulted mid-draft
@@ -127,7 +110,7 @@ def run(state: DecodeState, model: torch.nn.Module, controller: DraftController)
         if tree.token_list[0] != state.pending:
             raise RuntimeError(f"drafter {drafter.name} proposed a tree whose root is not the pending token")
         t1 = now(device)
-        out = verify(state, model, proposal, drafter.needs_hidden)
+        out = verify(state, runner, proposal, drafter.needs_hidden)
         if controller.online is not None:  # the cost correction: every verify forward, by its block size
             pig = proposal.piggyback
             controller.verified(tree.size + (pig.tokens.numel() if pig is not None else 0), now(device) - t1)

@@ -12,7 +12,6 @@ from ..config import GenerationConfig
 from ..core.acceptance import tally_by_depth
 from ..core.sampling import GumbelNoise, Warper, perturbed
 from ..core.timing import now
-from ..models.compiled_step import StaticStep
 
 Clock = Callable[["torch.device | None"], float]
 """Seconds since an arbitrary origin once the device's queued work has run (:func:`~selfspec.core.timing.now`)."""
@@ -93,8 +92,6 @@ class DecodeState:
         noise: the Gumbel noise of ``coupled`` sampling (None when greedy or ``rejection``).
         clock: what every step is timed with (injected in tests: no test sleeps).
         step_time: the current step's measured seconds, set by the loop before ``observe``.
-        step: the ``compiled`` backend's static-shape verify step (``cache`` is then its static
-            cache), or None: verification runs the model eagerly.
     """
 
     ids: list[int]
@@ -110,7 +107,6 @@ class DecodeState:
     stats: StepStats = field(default_factory=StepStats)
     clock: Clock = now
     step_time: StepTime = field(default_factory=StepTime)
-    step: StaticStep | None = None
 
     @property
     def deterministic(self) -> bool:

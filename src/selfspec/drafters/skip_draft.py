@@ -5,11 +5,13 @@ model, backend, machine and draft and then read from the profiles cache."""
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from ..core import kv_cache
 from ..core.attention import decode_attention
-from ..core.timing import Stopwatch
+from ..core.timing import interleaved
 from ..models.adapter import build_mask
 from ..models.compiled_step import MIN_CAPACITY, StaticStep
 from ..models.skipping import SkipSet
@@ -53,7 +55,7 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
 def measure_draft_ratio(model: torch.nn.Module, draft_model: torch.nn.Module, lm_head: DraftLMHead | None,
                         context: int = 64, reps: int = 5) -> float:
     """Median time of one draft token (``draft_model``: the skip set on the draft kernels, with the
-    draft LM head) over that of a full one-token forward of ``model``, interleaved after a
+    draft LM head) over the median of a full one-token forward of ``model``, interleaved after a
     ``context``-token cache: the draft cost prior when the draft runs otherwise than the skip
     config's search measured it."""
     from ..core.kv_cache import cache_arg, new_cache
@@ -62,37 +64,27 @@ def measure_draft_ratio(model: torch.nn.Module, draft_model: torch.nn.Module, lm
     cache = new_cache(model.config)
     ids = list(range(1, context + 1))
     model(input_ids=torch.tensor([ids], device=device), **cache_arg(model, cache), use_cache=True, logits_to_keep=1)
-    ratios = []
-    for _ in range(reps):
-        with Stopwatch(device) as full:
-            draft_forward(model, cache, [1], context)
-        kv_cache.truncate(cache, context)
-        with Stopwatch(device) as draft:
-            draft_forward(draft_model, cache, [1], context, lm_head=lm_head)
-        kv_cache.truncate(cache, context)
-        ratios.append(draft.seconds / max(full.seconds, 1e-9))
-    return sorted(ratios)[len(ratios) // 2]
+    times = interleaved({"full": lambda: draft_forward(model, cache, [1], context),
+                         "draft": lambda: draft_forward(draft_model, cache, [1], context, lm_head=lm_head)},
+                        reps, device=device, reset=lambda _: kv_cache.truncate(cache, context))
+    return statistics.median(times["draft"]) / max(statistics.median(times["full"]), 1e-9)
 
 
 @torch.no_grad()
 def measure_step_ratio(step: StaticStep, draft_step: StaticStep, context: int = 64, reps: int = 5) -> float:
     """:func:`measure_draft_ratio` on the ``compiled`` backend: median time of the draft step's
-    one-token forward over the verify step's, interleaved on one static cache after a
+    one-token forward over the verify step's median, interleaved on one static cache after a
     ``context``-token prefix (both steps compiled or loaded beforehand)."""
     device = next(step.model.parameters()).device
     cache = step.take_cache(MIN_CAPACITY)
     ids, pos = torch.tensor([1]), torch.tensor([context])
-    ratios = []
     with torch.inference_mode():
         step.prefill(cache, torch.arange(1, context + 1), False)
-        for _ in range(reps):
-            with Stopwatch(device) as full:
-                step.forward(cache, ids, pos, None, False, base=context)
-            with Stopwatch(device) as draft:
-                draft_step.forward(cache, ids, pos, None, False, base=context)
-            ratios.append(draft.seconds / max(full.seconds, 1e-9))
+        times = interleaved({"full": lambda: step.forward(cache, ids, pos, None, False, base=context),
+                             "draft": lambda: draft_step.forward(cache, ids, pos, None, False, base=context)},
+                            reps, device=device)
     step.give_back(cache)
-    return sorted(ratios)[len(ratios) // 2]
+    return statistics.median(times["draft"]) / max(statistics.median(times["full"]), 1e-9)
 
 
 def cached_draft_ratio(target, skip: SkipSet, draft_model: torch.nn.Module, lm_head: DraftLMHead | None,
@@ -104,18 +96,18 @@ def cached_draft_ratio(target, skip: SkipSet, draft_model: torch.nn.Module, lm_h
     rejection sampling) does not depend on the clock of each load. ``measure`` off: the cached
     ratio, else None (nothing is timed or written)."""
 
-    from ..core.cost import profile_path, read_cache, save_cache
+    from ..core import store
 
-    key = (target.cost_key + f"|self-spec-draft|{sorted(skip.attention)}|{sorted(skip.mlp)}|{vocab}|{kernels}"
-           + ("|compiled-draft" if draft_step is not None else ""))
-    cached = read_cache(profile_path(key), lambda d: float(d["ratio"]) if d["key"] == key else 0.0)
-    if cached is not None and cached > 0:
-        return cached
+    key = store.key(store.Kind.DRAFT_RATIO, target.model, target.name, kernels, target.cost_key,
+                    sorted(skip.attention), sorted(skip.mlp), vocab, "compiled-draft" if draft_step is not None else "")
+    cached = store.read(key, store.DraftRatio)
+    if cached is not None:
+        return cached.ratio
     if not measure:
         return None
     if draft_step is not None and target.step is not None:
         ratio = measure_step_ratio(target.step, draft_step)
     else:
         ratio = measure_draft_ratio(target.model, draft_model, lm_head)
-    save_cache(key, {"key": key, "ratio": ratio}, "self-spec draft cost")
+    store.write(key, store.DraftRatio(ratio), "self-spec draft cost")
     return ratio

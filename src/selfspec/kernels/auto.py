@@ -6,24 +6,29 @@ tokens/s (:mod:`selfspec.autoselect`), because the proxy below was wrong on an I
 (oneDNN won T(1) + T(4) while stock kernels decoded faster). What remains here serves the commands
 that load a model without a method (``selfspec tune``, ``profile``):
 
-Quick measurement (``core.cost.measure`` of q = 1 and 4 only, 128-token cache, the candidates
-interleaved over 3 rounds), cached next to the cost profiles so it happens once per model,
-dtype, device and machine. Score = median of T(1) + T(4): one decoding step plus one typical
-verify step. A corrupt or unreadable cache is measured again, never trusted.
+Quick measurement: T(1) + T(4) after a 128-token prefix, each candidate's forwards interleaved over
+:data:`ROUNDS` rounds after a warm-up (:func:`~selfspec.core.timing.interleaved`), stored next to
+the cost profiles so it happens once per model, dtype, device and machine. Score = the median of
+T(1) + T(4): one decoding step plus one typical verify step. A corrupt or unreadable record is
+measured again, never trusted.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
+import torch
 from torch import nn
 
-from ..core.cost import measure, profile_key
+from ..core import kv_cache
+from ..core.attention import decode_attention
 from .onednn import available as onednn_available
 
 log = logging.getLogger("selfspec.kernels")
 
-ROUNDS = 3
+ROUNDS = 5
+QUICK_CONTEXT = 128
 
 
 def candidates(model: nn.Module) -> list[str]:
@@ -35,7 +40,26 @@ def candidates(model: nn.Module) -> list[str]:
     return out
 
 
-def quick_cost(model: nn.Module, model_name: str) -> float:
-    """Median T(1) + median T(4) in seconds, after a 128-token prefix."""
-    prof = measure(model, profile_key(model, model_name, "auto-quick"), qs=(1, 4), context=128, reps=3)
-    return sum(prof.seconds)
+def quick_case(model: nn.Module, context: int = QUICK_CONTEXT) -> tuple[Callable[[], object], Callable[[], object]]:
+    """What one round of the quick proxy runs on ``model`` (a runner's module tree): a one-token and
+    a four-token forward after a ``context``-token prefix on a cache of its own, and what undoes
+    them (the cache truncated back to the prefix). Returns ``(case, reset)``."""
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    cache = kv_cache.new_cache(model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.randint(0, vocab, (1, context), generator=g).to(device),
+              **kv_cache.cache_arg(model, cache), use_cache=True, logits_to_keep=1)
+    blocks = [torch.randint(0, vocab, (1, q), generator=g).to(device) for q in (1, 4)]
+
+    @torch.inference_mode()
+    def case() -> None:
+        with decode_attention(device):
+            for ids in blocks:
+                q = ids.shape[1]
+                model(input_ids=ids, position_ids=torch.arange(context, context + q, device=device)[None],
+                      **kv_cache.cache_arg(model, cache), use_cache=True)
+                kv_cache.truncate(cache, context)
+
+    return case, lambda: kv_cache.truncate(cache, context)

@@ -41,6 +41,7 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -66,6 +67,9 @@ INDUCTOR_DIR = "TORCHINDUCTOR_CACHE_DIR"
 HEADROOM = BUCKETS[-1]
 """Positions kept free after the request's last token: a padded verify block, or a self-drafted
 chain, is written past the committed length."""
+COMPILING = threading.Lock()
+"""Held while a step's shape is first called (compiled or loaded): the environment variable that
+names Inductor's cache directory is the process's, so two runners never compile at once."""
 PREFILL_BLOCK = 64
 """The prompt runs through the step in blocks of this many tokens (:meth:`StaticStep.prefill`):
 the largest verify block of every method but ``msn``, so its steps are saved for all of them."""
@@ -220,8 +224,7 @@ class StaticStep:
             else:
                 self._compiling(shape)
                 try:
-                    with inductor_cache(self._dir):
-                        fn = aot_step.compile_step(self.model, kwargs, path)
+                    fn = aot_step.compile_step(self.model, kwargs, path)  # under the first call's cache directory
                 except Exception as e:  # noqa: BLE001 - e.g. a graph break: torch.compile's own path
                     log.info(f"compiling the step ahead of time failed ({type(e).__name__}: {str(e)[:200]}); "
                              "compiling it for this process only")
@@ -377,7 +380,11 @@ class StaticStep:
         if first:  # the cache directory, resolved before anything compiles (Inductor reads it then)
             self._dir = compile_cache_dir()
         t0 = now(None)
-        with inductor_cache(self._dir):
+        if first:  # Inductor reads its cache directory from the environment when it compiles: set for a
+            # shape's first call only (a later call compiles nothing), one compile at a time in the process
+            with COMPILING, inductor_cache(self._dir):
+                out = self._step_for(shape, kwargs)(**kwargs)
+        else:
             out = self._step_for(shape, kwargs)(**kwargs)
         if first:
             self.compile_s[shape] = now(device) - t0

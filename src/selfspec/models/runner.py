@@ -26,9 +26,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..core import kv_cache
+from ..core.attention import decode_attention
 from ..core.cost import CostProfile, load_or_measure, profile_key, read_cached
 from ..errors import SelfspecError
-from ..kernels.swap import layer_bytes, share_copy
+from ..kernels.swap import layer_bytes, share_copy, use_attention
+from .adapter import BlockOutput, forward_block
 from .compiled_step import StaticStep
 
 log = logging.getLogger("selfspec.models")
@@ -184,6 +187,7 @@ class Runner:
     backend: str
     _step: StaticStep | None = field(default=None, repr=False)
     extra_bytes: int = 0
+    _packed: nn.Module | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def runner(self, kernels: str) -> Runner:
@@ -211,6 +215,76 @@ class Runner:
             if self._step is None and self.backend == "compiled":
                 self._step = StaticStep(self.model)
             return self._step
+
+    @property
+    def packed(self) -> torch.nn.Module:
+        """This runner's module tree for packed forwards of several requests
+        (:mod:`~selfspec.models.batch`): shared with :attr:`model` (no tensor copied), with the
+        packed attention over the runner's own attention function; built on first use, then kept."""
+        from .batch import PACKED_NAME
+
+        with self._lock:
+            if self._packed is None:
+                if self.backend == "compiled":
+                    raise SelfspecError("batched decoding runs on the eager backends (stock, onednn, int8), not on "
+                                        "compiled's static-shape step; use --kernels onednn")
+                tree = share_copy(self.model)
+                use_attention(tree, PACKED_NAME)
+                self._packed = tree
+            return self._packed
+
+    def new_cache(self, tokens: int):
+        """An empty KV cache for one request of ``tokens`` positions (prompt + new): on a runner with
+        a step, a static cache of :meth:`StaticStep.capacity_for` positions from its pool (give it
+        back with :meth:`release`); else a growing ``DynamicCache``."""
+        step = self.step
+        return step.take_cache(step.capacity_for(tokens)) if step is not None else kv_cache.new_cache(self.model.config)
+
+    def release(self, cache) -> None:
+        """A request's cache, finished, failed or cancelled: back to the step's pool for the next
+        request (a static cache); nothing to do for a growing one."""
+        if self.step is not None:
+            self.step.give_back(cache)
+
+    def prefill(self, cache, ids: torch.Tensor, want_hidden: bool) -> BlockOutput:
+        """The prompt forward on the empty ``cache`` (the step's padded blocks on a runner with one,
+        else one eager forward).
+
+        Args:
+            ids: ``[P]`` int64 prompt ids.
+            want_hidden: also return every layer's hidden states ``[P, H]``.
+
+        Returns:
+            logits ``[1, V]`` of the last prompt token, and the hidden states when asked.
+        """
+        if self.step is not None:
+            return self.step.prefill(cache, ids, want_hidden)
+        model, device = self.model, self.device
+        with decode_attention(device):
+            out = model(input_ids=ids.to(device)[None], **kv_cache.cache_arg(model, cache), use_cache=True,
+                        output_hidden_states=want_hidden, logits_to_keep=1)
+        hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
+        return BlockOutput(out.logits[0, -1:].float(), hidden)
+
+    def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None,
+                want_hidden: bool, base: int) -> BlockOutput:
+        """One block of ``T`` new tokens after the ``base`` cached positions, its KV appended to
+        ``cache``: through the step (padded to a static shape) on a runner with one, else the eager
+        forward (:func:`~selfspec.models.adapter.forward_block`).
+
+        Args:
+            ids: ``[T]`` int64 token ids.
+            positions: ``[T]`` int64 position ids (depth-based for trees).
+            block_mask: ``[T, T]`` bool visibility among the new tokens, or None for causal.
+            want_hidden: also return every layer's hidden states ``[T, H]``.
+            base: the cache's committed length (the caller knows it: no device read).
+
+        Returns:
+            logits ``[T, V]`` (float) and the hidden states when asked.
+        """
+        if self.step is not None:
+            return self.step.forward(cache, ids, positions, block_mask, want_hidden, base)
+        return forward_block(self.model, cache, ids, positions, block_mask, want_hidden)
 
     @property
     def cost_key(self) -> str:

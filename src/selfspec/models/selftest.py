@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..core import kv_cache
-from ..core.cost import profile_key, profile_path, read_cache, save_cache
+from ..core import kv_cache, store
 from ..core.tree import DraftTree
 from ..errors import SelfspecError
 from .adapter import forward_block
@@ -82,7 +81,7 @@ def tree_self_test(model: torch.nn.Module, prefix_len: int = 5, atol: float | No
 def self_test_key(target) -> str | None:
     """What a passed self-test of ``target`` (a :class:`~selfspec.models.loading.LoadedModel`)
     depends on: the code that runs it (model class, attention function, transformers, torch, the
-    kernels backend and the machine, see :func:`~selfspec.core.cost.profile_key`) and the weights
+    kernels backend and the machine, see :func:`~selfspec.core.store.key`) and the weights
     it ran on (the name, size and modification time of each weights file in the model's
     directory). None where the weights have no files (a model built in memory): tested each time."""
     import transformers
@@ -92,8 +91,9 @@ def self_test_key(target) -> str | None:
     files = sorted(f for f in Path(target.path).iterdir() if f.suffix in (".safetensors", ".json"))
     stamp = hashlib.sha256(repr([(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]).encode())
     model = target.model
-    return (f"{profile_key(model, str(target.path), f'{target.backend}|selftest')}|{type(model).__qualname__}|"
-            f"{model.config._attn_implementation}|transformers={transformers.__version__}|{stamp.hexdigest()[:16]}")
+    return store.key(store.Kind.SELF_TEST, model, str(target.path), target.backend, type(model).__qualname__,
+                     model.config._attn_implementation, f"transformers={transformers.__version__}",
+                     stamp.hexdigest()[:16])
 
 
 def cached_tree_self_test(target, save: bool = True) -> float:
@@ -103,12 +103,12 @@ def cached_tree_self_test(target, save: bool = True) -> float:
     a failure raises every time."""
     key = self_test_key(target)
     if key is not None:
-        worst = read_cache(profile_path(key), lambda d: float(d["worst"]) if d["key"] == key else None)
-        if worst is not None:
-            return worst
+        passed = store.read(key, store.SelfTestPass)
+        if passed is not None:
+            return passed.worst
     worst = tree_self_test(target.model)
     if key is not None and save:
-        save_cache(key, {"key": key, "worst": worst}, "self-test result")
+        store.write(key, store.SelfTestPass(worst), "self-test result")
     return worst
 
 

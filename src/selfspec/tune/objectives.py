@@ -19,6 +19,7 @@ covers the reduced vocabulary.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ import torch
 
 from ..core import kv_cache
 from ..core.cost import CostProfile
-from ..core.timing import Stopwatch
+from ..core.timing import interleaved
 from ..drafters.budget import ChainBudget, DraftRule, GammaExit
 from ..drafters.skip_config import DraftCost, GammaSettings
 from ..drafters.skip_draft import draft_forward
@@ -53,14 +54,10 @@ def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7
           logits_to_keep=1)
     sets = {"full": SkipSet(), "no_attention": SkipSet.of(range(n), ()), "no_mlp": SkipSet.of((), range(n)),
             "floor": SkipSet.of(range(n), range(n))}
-    times: dict[str, list[float]] = {k: [] for k in sets}
     drafts = {name: skipped(draft_base, skip) for name, skip in sets.items()}
-    for _ in range(reps):
-        for name, draft in drafts.items():  # interleaved, so drifts of a shared machine hit all alike
-            with Stopwatch(device) as watch:
-                draft_forward(draft, cache, [1], context, lm_head=lm_head)
-            times[name].append(watch.seconds)
-            kv_cache.truncate(cache, context)
+    times = interleaved({name: functools.partial(draft_forward, draft, cache, [1], context, lm_head=lm_head)
+                         for name, draft in drafts.items()}, reps, warmup=0, device=device,
+                        reset=lambda _: kv_cache.truncate(cache, context))
     med = {k: statistics.median(v) for k, v in times.items()}
     return DraftCost(med["full"], med["no_attention"], med["no_mlp"], med["floor"], n)
 

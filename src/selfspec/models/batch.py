@@ -1,0 +1,312 @@
+"""Several requests in one forward (issue 58): the verify (or prompt) blocks of every active request
+packed along the sequence dimension, each over its **own** KV cache.
+
+One packed forward of a runner's module tree carries the rows of ``n`` requests:
+``input_ids [1, R]`` (``R`` = the requests' block sizes together), their own positions, and a
+:class:`PackedCache` in place of a cache. The linear layers, norms, rotary embeddings and the LM
+head see ``R`` rows; at each layer the cache hands every request's new keys and values to that
+request's own cache (a stock ``DynamicCache``, rolled back by :mod:`~selfspec.core.kv_cache` as in a
+solo run), and the attention (:data:`PACKED_NAME`) runs once per request, over exactly that
+request's cache and block with its explicit mask, through the runner's own attention function.
+
+So a request's attention is computed as if it ran alone, and its rows differ from a solo run's only
+where a linear-layer kernel's rows depend on how many rows it multiplies: the ``onednn`` and ``int8``
+backends promise they do not (checked at load); PyTorch's stock BLAS does not promise it.
+:func:`row_invariant` says which backends keep a request's output independent of the batch.
+
+The packed tree is a runner's own module tree shared (:func:`~selfspec.kernels.swap.share_copy`, no
+tensor copied) with the packed attention installed once (:meth:`~selfspec.models.runner.Runner.packed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..core import kv_cache
+from ..core.attention import decode_attention
+from ..errors import SelfspecError
+from .adapter import BlockOutput, build_mask
+
+PACKED_NAME = "selfspec_packed"
+"""The attention function of a packed module tree (registered with ``transformers.AttentionInterface``)."""
+ROW_INVARIANT = ("onednn", "int8")
+"""Backends whose rows are bit-identical whatever the number of rows multiplied together (each
+promises it and checks it at load), so a request's output does not depend on its batch."""
+
+
+def row_invariant(backend: str) -> bool:
+    """Whether a request decoded in a batch on ``backend`` gives exactly its solo output (see
+    :data:`ROW_INVARIANT`); elsewhere the ids may differ where two tokens' logits nearly tie."""
+    return backend in ROW_INVARIANT
+
+
+@dataclass
+class Block:
+    """One request's part of a packed forward.
+
+    Attributes:
+        cache: the request's own cache, holding ``base`` positions (its KV of the block is appended).
+        ids: ``[T]`` int64 token ids.
+        positions: ``[T]`` int64 position ids.
+        block_mask: ``[T, T]`` bool visibility among the block's tokens, or None for causal.
+        base: the cache's length before the block.
+        keep: the rows whose logits are returned (None: every row; ``[]``: none).
+        want_hidden: also return every layer's hidden states of the block's rows.
+    """
+
+    cache: Cache
+    ids: torch.Tensor
+    positions: torch.Tensor
+    block_mask: torch.Tensor | None
+    base: int
+    keep: Sequence[int] | None = None
+    want_hidden: bool = False
+
+
+@dataclass
+class PackedKV:
+    """What :class:`PackedCache` hands the attention in place of keys and values: each request's
+    keys and values ``[1, Hkv, L_i, D]`` (its cache with its block), its rows of the packed block and
+    its mask ``[1, 1, T_i, L_i]``, and the runner's own attention function by name."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    rows: list[tuple[int, int]]
+    masks: list[torch.Tensor]
+    inner: str
+
+
+class PackedCache(Cache):
+    """The cache argument of a packed forward: hands each request's new keys and values to its own
+    cache and gives the attention a :class:`PackedKV`. Built for one forward, then dropped."""
+
+    def __init__(self, blocks: Sequence[Block], inner: str, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(layers=[])
+        self.caches = [b.cache for b in blocks]
+        self.inner = inner
+        self.rows: list[tuple[int, int]] = []
+        start = 0
+        for b in blocks:
+            self.rows.append((start, start + b.ids.numel()))
+            start += b.ids.numel()
+        self.masks = [build_mask(b.base, b.block_mask if b.block_mask is not None
+                                 else torch.ones(b.ids.numel(), b.ids.numel(), dtype=torch.bool).tril(),
+                                 inner, dtype, device) for b in blocks]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args,
+               **kwargs) -> tuple[PackedKV, PackedKV]:
+        keys, values = [], []
+        for cache, (r0, r1) in zip(self.caches, self.rows):
+            k, v = cache.update(key_states[:, :, r0:r1], value_states[:, :, r0:r1], layer_idx)
+            keys.append(k)
+            values.append(v)
+        packed = PackedKV(keys, values, self.rows, self.masks, self.inner)
+        return packed, packed
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always given explicitly
+
+
+def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: PackedKV, value: PackedKV,
+                             attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
+    """The attention of a packed forward: the runner's own attention function once per request, on
+    its rows of ``query [1, H, R, D]`` and its own keys and values. Returns ``[1, R, H, D]``."""
+    inner = ALL_ATTENTION_FUNCTIONS[key.inner]
+    outs = []
+    for (r0, r1), k, v, mask in zip(key.rows, key.keys, key.values, key.masks):
+        out, _ = inner(module, query[:, :, r0:r1], k, v, mask, **kwargs)
+        outs.append(out)
+    return torch.cat(outs, dim=1), None
+
+
+AttentionInterface.register(PACKED_NAME, packed_attention_forward)
+
+_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # 4-D: transformers passes it through untouched (unused)
+
+
+def check_packable(inner: str) -> None:
+    """Refuse a runner whose attention function cannot run per request inside a packed forward."""
+    if inner not in ALL_ATTENTION_FUNCTIONS:
+        raise SelfspecError(f"batched decoding needs a registered attention function, not {inner!r}; load the "
+                            "model with attn_implementation='sdpa'")
+
+
+@torch.inference_mode()
+def packed_forward(model: torch.nn.Module, inner: str, blocks: Sequence[Block]) -> list[BlockOutput]:
+    """One forward of the packed module tree ``model`` (attention :data:`PACKED_NAME`; ``inner``:
+    the runner's own attention) over the ``blocks`` of several requests; each request's cache
+    grows by its block. Returns each block's :class:`BlockOutput`: logits ``[len(keep), V]``
+    (float) and, where asked, every layer's hidden states ``[T, H]``."""
+    device = next(model.parameters()).device
+    ids = torch.cat([b.ids for b in blocks]).to(device)
+    positions = torch.cat([b.positions for b in blocks]).to(device)
+    cache = PackedCache(blocks, inner, model.dtype, device)
+    keep: list[int] = []
+    spans = []
+    for b, (r0, r1) in zip(blocks, cache.rows):
+        rows = range(r0, r1) if b.keep is None else [r0 + i for i in b.keep]
+        spans.append((len(keep), len(keep) + len(rows)))
+        keep.extend(rows)
+    want_hidden = any(b.want_hidden for b in blocks)
+    with decode_attention(device):
+        out = model(input_ids=ids[None], position_ids=positions[None], attention_mask=_NO_MASK.to(device),
+                    **kv_cache.cache_arg(model, cache), use_cache=True, output_hidden_states=want_hidden,
+                    logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device))
+    logits = out.logits[0].float()
+    results = []
+    for b, (k0, k1), (r0, r1) in zip(blocks, spans, cache.rows):
+        hidden = tuple(h[0, r0:r1] for h in out.hidden_states) if b.want_hidden else None
+        results.append(BlockOutput(logits[k0:k1], hidden))
+    return results
+
+
+class Batcher:
+    """Continuous batching of the forwards of several requests, each decoding in a thread of its own
+    through the one decode loop with a :class:`SlotRunner`: a request's forward waits until every
+    request in the batch has one waiting (the others are drafting); then the driving thread
+    (:meth:`drive`) runs them all as one packed forward and hands each request its rows. Requests
+    join and leave between forwards.
+
+    Every packed forward runs in the one driving thread: torch's CPU thread pools belong to the
+    thread that calls them, and forwards that hopped between threads ran a third slower on a 2-core
+    EPYC (oneDNN, SmolLM2: 10.6-11.1 against 14.9-15.2 tok/s) while the other pool's workers spun.
+
+    Attributes:
+        runner: the verify runner (its packed module tree runs the forwards).
+        max_batch: the most requests in one packed forward.
+        sizes: the number of requests in each packed forward so far (the batch-size record).
+    """
+
+    def __init__(self, runner, max_batch: int = 8) -> None:
+        import threading
+
+        if max_batch < 1:
+            raise SelfspecError(f"max_batch is at least 1, not {max_batch}")
+        self.runner = runner
+        self.max_batch = max_batch
+        self.sizes: list[int] = []
+        self._model = runner.packed
+        self._inner = runner.model.config._attn_implementation
+        check_packable(self._inner)
+        self._cond = threading.Condition()
+        self._active = 0
+        self._waiting: list[tuple[Block, list]] = []
+
+    def slot(self) -> SlotRunner:
+        """A runner for one request's decode loop (join it with :meth:`join`)."""
+        return SlotRunner(self)
+
+    def join(self) -> None:
+        """A request starts decoding: its forwards are batched with the others'."""
+        with self._cond:
+            self._active += 1
+
+    def leave(self) -> None:
+        """A request ended (finished, failed or cancelled): the others no longer wait for it."""
+        with self._cond:
+            self._active -= 1
+            self._cond.notify_all()
+
+    def submit(self, block: Block) -> BlockOutput:
+        """Run ``block`` in the next packed forward (called from a request's thread); returns its
+        output, or raises what the forward raised."""
+        box: list = []
+        with self._cond:
+            self._waiting.append((block, box))
+            self._cond.notify_all()
+            while not box:
+                self._cond.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def drive(self) -> None:
+        """Run packed forwards in this thread until no request is active: each as soon as every
+        active request (up to :attr:`max_batch`) has a block waiting."""
+        while True:
+            with self._cond:
+                while not (self._waiting and len(self._waiting) >= min(self._active, self.max_batch)):
+                    if self._active == 0 and not self._waiting:
+                        return
+                    self._cond.wait()
+                batch, self._waiting = self._waiting[:self.max_batch], self._waiting[self.max_batch:]
+            try:
+                outs: list = packed_forward(self._model, self._inner, [b for b, _ in batch])
+            except Exception as e:  # noqa: BLE001 - each request of the forward raises it in its own thread
+                outs = [e] * len(batch)
+            with self._cond:
+                self.sizes.append(len(batch))
+                for (_, box), out in zip(batch, outs):
+                    box.append(out)
+                self._cond.notify_all()
+
+
+PREFILL_CHUNK = 64
+"""A prompt runs through the batch in blocks of this many tokens, so a long prompt does not stall
+the requests decoding beside it (each of its blocks shares a packed forward with their steps)."""
+
+
+class SlotRunner:
+    """What one request's decode loop runs in a :class:`Batcher`: the verify runner's calls
+    (``new_cache``, ``prefill``, ``forward``, ``release``), each forward a block of the next packed
+    forward. Everything else is the verify runner's."""
+
+    step = None  # eager caches: the loop checks their length on the host
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+        self.target = batcher.runner
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.target.model
+
+    @property
+    def backend(self) -> str:
+        return self.target.backend
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    @property
+    def context_length(self) -> int:
+        return self.target.context_length
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    def new_cache(self, tokens: int):
+        return kv_cache.new_cache(self.target.model.config)
+
+    def release(self, cache) -> None:
+        pass
+
+    def prefill(self, cache, ids: torch.Tensor, want_hidden: bool) -> BlockOutput:
+        """The prompt ``ids [P]`` in blocks of :data:`PREFILL_CHUNK` tokens; logits ``[1, V]`` of
+        its last token (and every layer's hidden states ``[P, H]`` when asked)."""
+        outs = []
+        for start in range(0, ids.numel(), PREFILL_CHUNK):
+            chunk = ids[start:start + PREFILL_CHUNK]
+            last = start + PREFILL_CHUNK >= ids.numel()
+            outs.append(self.batcher.submit(Block(cache, chunk, torch.arange(start, start + chunk.numel()), None,
+                                                  start, [chunk.numel() - 1] if last else [], want_hidden)))
+        hidden = None
+        if want_hidden:
+            hidden = tuple(torch.cat(h) for h in zip(*(o.hidden for o in outs)))
+        return BlockOutput(outs[-1].logits, hidden)
+
+    def forward(self, cache, ids: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor | None,
+                want_hidden: bool, base: int) -> BlockOutput:
+        return self.batcher.submit(Block(cache, ids, positions, block_mask, base, None, want_hidden))

@@ -1,0 +1,103 @@
+"""Continuous batching (issue 58, first part): several requests decode in one packed forward per
+step, each over its own cache; on a row-invariant backend every request's tokens are exactly those
+of its solo run, whatever else is in the batch, joins or leaves.
+
+Prompts of random lengths (one longer than a prefill chunk, so its prompt runs in several blocks
+beside the others' steps) and random lengths of output (requests leave the batch at different
+steps). The negative control makes the rows depend on how many requests share the forward and must
+be caught."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import selfspec
+from selfspec.errors import SelfspecError
+from selfspec.kernels.onednn import available as onednn_available
+from selfspec.models import batch
+from selfspec.models.loading import load_model
+
+from ..conftest import prompt_ids
+
+NO_ONEDNN = onednn_available(torch.device("cpu"), torch.float32)
+KERNELS = [pytest.param("onednn", marks=pytest.mark.skipif(NO_ONEDNN is not None, reason=str(NO_ONEDNN))), "int8"]
+
+
+def requests(seed: int, n: int) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(seed)
+    prompts = [prompt_ids(100 + seed * 10 + i, rng.choice([3, 9, 17, batch.PREFILL_CHUNK + 11])) for i in range(n)]
+    return prompts, [rng.randint(4, 24) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def base(tiny_dir):
+    return load_model(str(tiny_dir)).base
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("method", ["ar", "pld", pytest.param("self-spec", marks=pytest.mark.matrix)])
+def test_every_request_in_a_batch_gives_its_solo_ids(base, kernels, method):
+    opts = dict(skip_attention=(1,), skip_mlp=(0,), k=3, auto_k=False) if method == "self-spec" else {}
+    g = selfspec.load(base.runner(kernels), method=method, kernels=kernels, self_test=False, **opts)
+    prompts, lengths = requests(1, 4)
+    solo = [g.generate(p, max_new_tokens=n, ignore_eos=True).token_ids for p, n in zip(prompts, lengths)]
+    for seed in (1, 2):  # two arrival orders and output lengths: who shares which forward changes
+        order = list(range(4))
+        random.Random(seed).shuffle(order)
+        out = g.generate_batch([prompts[i] for i in order], max_new_tokens=max(lengths), ignore_eos=True)
+        assert max(g.last_batch_sizes) == 4 and min(g.last_batch_sizes) >= 1  # it did batch
+        for j, i in enumerate(order):
+            assert out[j].token_ids[:lengths[i]] == solo[i], (method, kernels, i)
+            assert out[j].batch_invariant is True
+    ended = g.generate_batch(prompts, max_new_tokens=lengths, ignore_eos=True)  # each leaves at its own step
+    assert [r.token_ids for r in ended] == solo and len(set(lengths)) > 1
+
+
+def test_coupled_sampling_in_a_batch_is_the_solo_run(base):
+    g = selfspec.load(base.runner("int8"), method="pld", kernels="int8", self_test=False)
+    prompts, _ = requests(4, 3)
+    solo = [g.generate(p, max_new_tokens=16, temperature=0.9, seed=7 + i, ignore_eos=True).token_ids
+            for i, p in enumerate(prompts)]
+    out = g.generate_batch(prompts, max_new_tokens=16, temperature=0.9, seed=[7, 8, 9], ignore_eos=True)
+    assert [r.token_ids for r in out] == solo
+
+
+def test_a_kernel_whose_rows_depend_on_the_batch_is_caught(base, monkeypatch):
+    """Negative control: logits that move with the number of requests in the forward change some
+    request's ids, and the identity check above would fail."""
+    g = selfspec.load(base.runner("int8"), method="ar", kernels="int8", self_test=False)
+    prompts, lengths = requests(5, 4)
+    solo = [g.generate(p, max_new_tokens=16, ignore_eos=True).token_ids for p in prompts]
+    real = batch.packed_forward
+
+    def not_row_invariant(model, inner, blocks):
+        outs = real(model, inner, blocks)
+        noise = torch.Generator().manual_seed(len(blocks))
+        return [batch.BlockOutput(o.logits + 3.0 * torch.randn(o.logits.shape, generator=noise), o.hidden)
+                for o in outs]
+
+    monkeypatch.setattr(batch, "packed_forward", not_row_invariant)
+    out = g.generate_batch(prompts, max_new_tokens=16, ignore_eos=True)
+    assert [r.token_ids for r in out] != solo
+
+
+def test_stock_kernels_say_a_batch_may_differ_and_errors_reach_the_caller(base):
+    g = selfspec.load(base.runner("stock"), method="ar", kernels="stock", self_test=False)
+    prompts, _ = requests(6, 2)
+    out = g.generate_batch(prompts, max_new_tokens=6, ignore_eos=True)
+    assert all(r.batch_invariant is False for r in out)  # not promised: BLAS rows may depend on the row count
+    with pytest.raises(SelfspecError, match="context"):
+        g.generate_batch([prompts[0], prompt_ids(9, 600)], max_new_tokens=6)
+    assert g.generate([prompts[0]], max_new_tokens=6, ignore_eos=True)[0].new_tokens == 6  # a list: a batch
+
+
+def test_the_packed_tree_shares_the_runners_weights(base):
+    r = base.runner("int8")
+    packed = r.packed
+    assert packed is r.packed and packed is not r.model
+    assert packed.config._attn_implementation == batch.PACKED_NAME
+    assert r.model.config._attn_implementation != batch.PACKED_NAME  # the runner's own tree is unchanged
+    assert all(a is b for a, b in zip(packed.parameters(), r.model.parameters()))
