@@ -32,6 +32,10 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
 # The CPU-only kernels backends (onednn, int8) are skipped on other devices.
 TEST_DEVICE = os.environ.get("SELFSPEC_TEST_DEVICE", "cpu")
 
+SAVED_ROUTE_ONLY = pytest.mark.skipif(os.environ.get("SELFSPEC_COMPILE_ROUTE", "").strip() == "public",
+                                      reason="tests the saved compiled steps (models/aot_step.py), which "
+                                             "SELFSPEC_COMPILE_ROUTE=public turns off")
+
 VOCAB = 96
 WORDS = [f"w{i}" for i in range(VOCAB - 4)]
 

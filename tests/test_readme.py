@@ -21,12 +21,15 @@ def test_two_setup_commands_and_ci_runs_the_test_one():
 
 
 def test_ci_also_runs_the_full_proof_of_losslessness():
-    """The README "Tests" command for the statistical, real-model and matrix tiers is in .ci/run."""
+    """The README "Tests" commands for the statistical, real-model, matrix and load tiers, and for
+    the compiled tier on the public route, are in .ci/run."""
     text = (ROOT / "README.md").read_text()
     block = text.split("## Tests", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     full = [line.split("  #", 1)[0].strip() for line in block.splitlines() if "not slow" in line]
-    assert len(full) == 1 and "statistical or real_model or matrix" in full[0]
-    assert full[0] in (ROOT / ".ci" / "run").read_text()
+    assert len(full) == 2 and "statistical or real_model or matrix" in full[0]
+    assert "SELFSPEC_COMPILE_ROUTE=public" in full[1] and "-k compiled" in full[1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert all(command in ci for command in full)
 
 
 def _markdown_files() -> list[Path]:

@@ -237,6 +237,23 @@ class SpeculativeGenerator:
             pass
         return self.last_result
 
+    def sibling(self, target) -> SpeculativeGenerator:
+        """A generator of the same method and options with a drafter of its own, verifying through
+        ``target`` (a batch's :class:`~selfspec.models.batch.SlotRunner` over this generator's
+        runner): one request of a batch. Measures nothing (the drafter reads cached measurements)."""
+        if self.recipe is None:
+            raise SelfspecError("batched decoding builds a drafter per request: use a generator made by selfspec.load")
+        method, options, trust_remote_code = self.recipe
+        drafter, lossless = build_drafter(self.target, method, options, trust_remote_code, measure=False)
+        return SpeculativeGenerator(target, self.method, drafter, lossless, clock=self.clock, measure=False)
+
+    def batchable(self) -> bool:
+        """Whether this generator's requests can share packed forwards: an eager verify runner, a
+        known recipe for their drafters, and drafters that load no weights of their own
+        (:attr:`~selfspec.drafters.spec.MethodSpec.draft_weights`). Else they decode one at a time."""
+        return (self.target.step is None and self.recipe is not None
+                and not METHODS[self.recipe[0]].draft_weights)
+
     def generate_batch(self, prompts: Sequence, max_batch: int | None = None, **gen_kwargs) -> list[GenerationResult]:
         """Decode ``prompts`` together: each in a decode loop of its own (its own drafter, cache and
         RNG), their verify and prompt blocks packed into one forward per step
@@ -255,18 +272,16 @@ class SpeculativeGenerator:
 
         if not prompts:
             return []
-        if self.target.step is not None:
-            log.info("the compiled backend decodes a batch's prompts one after the other")
-            return [self.generate(p, **gen_kwargs) for p in prompts]
-        if self.recipe is None:
-            raise SelfspecError("batched decoding builds a drafter per request: use a generator made by selfspec.load")
+        if not self.batchable():
+            log.info("%s decodes a batch's prompts one after the other (%s)", self.method,
+                     "the compiled backend's static-shape step" if self.target.step is not None
+                     else "its drafter loads weights of its own" if self.recipe is not None
+                     else "no recipe to build a drafter per prompt")
+            return [self.generate(p, **{k: (v[i] if k in ("max_new_tokens", "seed") and isinstance(v, (list, tuple))
+                                            else v) for k, v in gen_kwargs.items()})
+                    for i, p in enumerate(prompts)]
         batcher = Batcher(self.target, max_batch or len(prompts))
-        method, options, trust_remote_code = self.recipe
-        gens = []
-        for _ in prompts:
-            drafter, lossless = build_drafter(self.target, method, options, trust_remote_code, measure=False)
-            gens.append(SpeculativeGenerator(batcher.slot(), self.method, drafter, lossless, clock=self.clock,
-                                             measure=False))
+        gens = [self.sibling(batcher.slot()) for _ in prompts]
         results: list = [None] * len(prompts)
         errors: list[BaseException] = []
 

@@ -22,7 +22,7 @@ from selfspec.kernels.swap import linear_layers, share_copy
 from selfspec.models.compiled_step import StaticStep
 from selfspec.models.loading import LoadedModel, Runner, load_model
 
-from ..conftest import prompt_ids
+from ..conftest import SAVED_ROUTE_ONLY, prompt_ids
 
 NO_ONEDNN = onednn_available(torch.device("cpu"), torch.float32)
 PROMPTS = [prompt_ids(11, 9), prompt_ids(12, 14)]
@@ -159,6 +159,7 @@ def test_two_generators_on_the_compiled_runner_compiled_give_their_solo_ids(tiny
     solo_then_together([ar, spec, pld])
 
 
+@SAVED_ROUTE_ONLY  # the public route runs torch.compile on any torch
 def test_the_compiled_backend_on_a_torch_it_does_not_know_runs_onednn_with_a_note(tiny_dir, monkeypatch, caplog):
     """The saved steps rest on private torch internals written for :data:`aot_step.KNOWN_TORCH`: on
     another release the compiled runner is the onednn one (stock where onednn cannot run), said in

@@ -126,9 +126,26 @@ def served(chat_dir, request):
     from selfspec.serve.engine import Engine
 
     g = selfspec.load(str(chat_dir), METHOD[0], **METHOD[1])
-    engine = Engine(max_queue=16, request_timeout=30.0)
+    engine = Engine(max_queue=16, request_timeout=30.0, max_batch=1)  # one at a time: the queue's tests
     engine.attach(g)
     run = Running(engine, AppOptions(model_id="tiny", aliases=(str(chat_dir),), api_key=KEY, default_max_tokens=32))
+    yield run
+    run.stop()
+
+
+@pytest.fixture(scope="module")
+def batched(chat_dir):
+    """The tiny model with pld on the int8 kernels (rows independent of the batch), served with
+    continuous batching of up to 4 requests."""
+    import selfspec
+    from selfspec.serve.app import AppOptions
+    from selfspec.serve.engine import Engine
+
+    g = selfspec.load(str(chat_dir), METHOD[0], kernels="int8", self_test=False, **METHOD[1])
+    engine = Engine(max_queue=16, request_timeout=30.0, max_batch=4)
+    engine.attach(g)
+    run = Running(engine, AppOptions(model_id="tiny", aliases=(str(chat_dir),), api_key=KEY, default_max_tokens=32))
+    run.generator = g
     yield run
     run.stop()
 

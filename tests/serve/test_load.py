@@ -1,5 +1,6 @@
-"""One request decodes at a time: the queue's bound (429 + Retry-After), cancellation by the
-client, the time limit, /health and /metrics while decoding, metrics, and a bounded load test."""
+"""One request decodes at a time (``max_batch`` 1; batching: ``test_batching.py``): the queue's bound
+(429 + Retry-After), cancellation by the client, the time limit, /health and /metrics while decoding,
+metrics, and a bounded load test."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def test_queue_overflow_is_429_with_retry_after(server):
         r = http().post(server.url + "/v1/completions", json=LONG, headers=AUTH, timeout=30)
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
-        assert "busy: 1 request is waiting for the one decoder" in r.json()["error"]["message"]  # not "1 requests are"
+        assert "busy: 1 request is waiting for the decoder" in r.json()["error"]["message"]  # not "1 requests are"
         with pytest.raises(openai.RateLimitError):
             c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w5"}], max_tokens=2)
         running.close()

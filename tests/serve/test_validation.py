@@ -144,7 +144,8 @@ def test_api_key_on_every_route_but_health(server):
         check_error(http().get(server.url + path), 401)
         check_error(http().get(server.url + path, headers={"Authorization": "Bearer nope"}), 401)
     check_error(http().get(server.url + "/v1/models", headers={"Authorization": KEY}), 401)  # no Bearer scheme
-    assert http().get(server.url + "/health").json() == {"status": "ok"}
+    assert http().get(server.url + "/health").json() == {"status": "ok", "active_slots": 0, "max_batch": 1,
+                                                         "waiting": 0}
     assert http().get(server.url + "/metrics", headers=AUTH).status_code == 200
     assert metric(server, "requests_total", status="401") == before + 8
     assert client(server).models.list().data[0].id == "tiny"

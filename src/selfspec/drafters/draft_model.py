@@ -172,4 +172,4 @@ def _named_draft(name: str, target, ctx: AutoContext) -> dict | None:
 
 SPEC = MethodSpec("draft-model", DraftModelConfig, build, True,
                   "a smaller model with the same tokenizer drafts (--draft-model)",
-                  auto=AutoCandidacy(_named_draft))  # a candidate where the user names a draft
+                  auto=AutoCandidacy(_named_draft), draft_weights=True)  # a candidate where the user names a draft

@@ -348,6 +348,7 @@ def _head_installed(name: str, target, ctx: AutoContext) -> dict | None:
 WITH_HEAD = AutoCandidacy(_head_installed)  # an auto candidate where a head is installed or shipped
 EAGLE2 = MethodSpec("eagle2", EagleConfig, build, True,
                     "EAGLE-2: a one-layer draft head (EAGLE-trained) expands a dynamic draft tree (--head)",
-                    auto=WITH_HEAD)
+                    auto=WITH_HEAD, draft_weights=True)
 HASS = MethodSpec("hass", EagleConfig, build, True,
-                  "HASS: EAGLE-2 trees from a head trained with harmonized objectives (--head)", auto=WITH_HEAD)
+                  "HASS: EAGLE-2 trees from a head trained with harmonized objectives (--head)", auto=WITH_HEAD,
+                  draft_weights=True)

@@ -122,6 +122,9 @@ class MethodSpec:
             building it. ``selfspec compile`` builds such steps through
             :meth:`~selfspec.decoding.protocol.Drafter.warm_up`; ``auto`` leaves a candidate whose
             step is missing out, as it does one whose verify steps are. None: no step of its own.
+        draft_weights: its drafter loads weights of its own (a draft model, a head). A batch builds
+            one drafter per request, so such a method decodes one request at a time (batching it
+            would load its draft once per slot).
     """
 
     name: str
@@ -132,6 +135,7 @@ class MethodSpec:
     auto: AutoCandidacy | None = None
     largest_block: int = 64
     draft_step: Callable[[Runner, Any], bool] | None = None
+    draft_weights: bool = False
 
     def build(self, target: Runner, cfg: object, ctx: BuildContext) -> Drafter:
         """The drafter of this method for ``target`` with options ``cfg``."""

@@ -20,7 +20,7 @@ tensor copied) with the packed attention installed once (:meth:`~selfspec.models
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -181,6 +181,7 @@ class Batcher:
         runner: the verify runner (its packed module tree runs the forwards).
         max_batch: the most requests in one packed forward.
         sizes: the number of requests in each packed forward so far (the batch-size record).
+        on_forward: called with the number of requests after each packed forward (metrics).
     """
 
     def __init__(self, runner, max_batch: int = 8) -> None:
@@ -197,6 +198,8 @@ class Batcher:
         self._cond = threading.Condition()
         self._active = 0
         self._waiting: list[tuple[Block, list]] = []
+        self._woken = False
+        self.on_forward: Callable[[int], object] | None = None  # called with each forward's batch size
 
     def slot(self) -> SlotRunner:
         """A runner for one request's decode loop (join it with :meth:`join`)."""
@@ -226,25 +229,58 @@ class Batcher:
             raise box[0]
         return box[0]
 
+    @property
+    def active(self) -> int:
+        """Requests decoding now (joined, not yet left)."""
+        with self._cond:
+            return self._active
+
+    def wake(self) -> None:
+        """Interrupt a :meth:`step` that waits (e.g. a new request arrived to be admitted)."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def _ready(self) -> bool:  # under the condition's lock
+        return bool(self._waiting) and len(self._waiting) >= min(self._active, self.max_batch)
+
     def drive(self) -> None:
         """Run packed forwards in this thread until no request is active: each as soon as every
         active request (up to :attr:`max_batch`) has a block waiting."""
         while True:
             with self._cond:
-                while not (self._waiting and len(self._waiting) >= min(self._active, self.max_batch)):
+                while not self._ready():
                     if self._active == 0 and not self._waiting:
                         return
                     self._cond.wait()
-                batch, self._waiting = self._waiting[:self.max_batch], self._waiting[self.max_batch:]
-            try:
-                outs: list = packed_forward(self._model, self._inner, [b for b, _ in batch])
-            except Exception as e:  # noqa: BLE001 - each request of the forward raises it in its own thread
-                outs = [e] * len(batch)
-            with self._cond:
-                self.sizes.append(len(batch))
-                for (_, box), out in zip(batch, outs):
-                    box.append(out)
-                self._cond.notify_all()
+            self.step(wait=0.0)
+
+    def step(self, wait: float | None = None) -> bool:
+        """Run one packed forward in this thread once every active request (up to
+        :attr:`max_batch`) has a block waiting; wait up to ``wait`` seconds for that (None: until
+        it happens or :meth:`wake` is called). Returns whether a forward ran."""
+        with self._cond:
+            self._woken = False
+            if not self._ready():
+                self._cond.wait_for(lambda: self._ready() or self._woken, timeout=wait)
+            if not self._ready():
+                return False
+            batch, self._waiting = self._waiting[:self.max_batch], self._waiting[self.max_batch:]
+        self._run(batch)
+        return True
+
+    def _run(self, batch: list[tuple[Block, list]]) -> None:
+        try:
+            outs: list = packed_forward(self._model, self._inner, [b for b, _ in batch])
+        except Exception as e:  # noqa: BLE001 - each request of the forward raises it in its own thread
+            outs = [e] * len(batch)
+        with self._cond:
+            self.sizes.append(len(batch))
+            for (_, box), out in zip(batch, outs):
+                box.append(out)
+            self._cond.notify_all()
+        if self.on_forward is not None:
+            self.on_forward(len(batch))
 
 
 PREFILL_CHUNK = 64

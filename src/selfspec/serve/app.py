@@ -183,7 +183,9 @@ def create_app(engine: Engine, options: AppOptions) -> FastAPI:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         if not engine.ready:
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
-        return JSONResponse({"status": "ok"})
+        waiting, running = engine.queue_sizes()
+        return JSONResponse({"status": "ok", "active_slots": running, "max_batch": engine.max_batch,
+                             "waiting": waiting})
 
     @app.get("/metrics")
     async def metrics() -> Response:

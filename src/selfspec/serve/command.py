@@ -24,7 +24,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send and /v1/models lists (default: --model as given)")
     p.add_argument("--max-queue", type=int, default=16,
-                   help="requests that may wait while one decodes (default 16); beyond it: 429 with Retry-After")
+                   help="requests that may wait besides those decoding (default 16); beyond it: 429 with Retry-After")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="requests that decode at once, their steps packed into one forward (continuous batching; "
+                        "default: as many as a quarter of the free memory holds whole-context KV caches for, at most "
+                        "16; 1: one at a time). Exact to each request's solo run on the onednn and int8 kernels; "
+                        "the compiled kernels decode one at a time")
     p.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds a request may decode; it then ends with finish_reason length (default 300)")
     p.add_argument("--max-tokens", type=int, default=256,
@@ -58,6 +63,8 @@ def run_serve(args: argparse.Namespace, load: Callable[[], object]) -> int:
         raise SelfspecError(f"--port must be in [0, 65535], not {args.port}")
     if args.max_queue < 0:
         raise SelfspecError(f"--max-queue must be >= 0, not {args.max_queue}")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise SelfspecError(f"--max-batch must be at least 1, not {args.max_batch}")
     if not args.request_timeout > 0:
         raise SelfspecError(f"--request-timeout must be > 0 seconds, not {args.request_timeout}")
     if args.max_tokens < 1:
@@ -74,7 +81,7 @@ def run_serve(args: argparse.Namespace, load: Callable[[], object]) -> int:
     from .server import ServeOptions, serve
 
     opts = ServeOptions(model=args.model, host=args.host, port=args.port, api_key=key,
-                        served_model_name=args.served_model_name, max_queue=args.max_queue,
+                        served_model_name=args.served_model_name, max_queue=args.max_queue, max_batch=args.max_batch,
                         request_timeout=args.request_timeout, default_max_tokens=args.max_tokens,
                         max_body_bytes=args.max_body_bytes, log_level=args.log_level)
     return serve(opts, load, exposure_warning(args.host, key))

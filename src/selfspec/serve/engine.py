@@ -1,12 +1,15 @@
-"""The decode worker: one request at a time, off the event loop, behind a bounded queue.
+"""The decode worker: continuous batching off the event loop, behind a bounded queue.
 
-:class:`~selfspec.generator.SpeculativeGenerator` holds one KV cache per request and is not
-thread-safe, so one worker thread decodes every request in turn; the event loop only validates,
-queues and relays. The worker checks each request's cancel flag and deadline after every decode
-step: a client that went away stops its request at the next step, and a request past the time
-limit ends there with ``finish_reason`` ``length``. Events go back to the request's handler on
-its event loop: ``("started",)``, ``("delta", text)`` (streams), ``("done", Outcome)`` or
-``("error", ApiError)``.
+Up to ``max_batch`` requests decode at once, each in a thread of its own running the one decode
+loop with a drafter of its own (:meth:`~selfspec.generator.SpeculativeGenerator.sibling`); the
+worker thread admits queued requests between forwards and runs every packed forward of their verify
+and prompt blocks (:class:`~selfspec.models.batch.Batcher`), so a request joins the batch at the
+next step and leaves it when it ends. On the compiled backend (static-shape steps) or with
+``max_batch`` 1, the worker decodes one request at a time. The event loop only validates, queues and
+relays. Each request's cancel flag and deadline are checked after every one of its decode steps: a
+client that went away leaves the batch at its next step, and a request past the time limit ends
+there with ``finish_reason`` ``length``. Events go back to the request's handler on its event loop:
+``("started",)``, ``("delta", text)`` (streams), ``("done", Outcome)`` or ``("error", ApiError)``.
 """
 
 from __future__ import annotations
@@ -55,19 +58,40 @@ class Job:
             pass
 
 
+def default_max_batch(generator, share: float = 0.25, cap: int = 16) -> int:
+    """How many requests decode at once by default: as many as ``share`` of the memory available now
+    holds KV caches of the model's whole context (``2 x layers x kv heads x head dim x context x
+    dtype size`` each), at most ``cap``, at least 1."""
+    import psutil
+
+    cfg = generator.target.model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_request = (2 * cfg.num_hidden_layers * heads * head_dim * generator.target.context_length
+                   * generator.target.model.dtype.itemsize)
+    return max(1, min(cap, int(share * psutil.virtual_memory().available // max(per_request, 1))))
+
+
 class Engine:
     """The generator, its queue and its worker thread.
 
     Attributes:
-        max_queue: requests that may wait (besides the one decoding); beyond it, 429.
+        max_queue: requests that may wait (besides those decoding); beyond it, 429.
         request_timeout: seconds a request may decode; it then ends with ``length``.
+        max_batch: requests that decode at once (None: :func:`default_max_batch` when the model
+            is attached).
         step_hook: called after every decode step (tests slow decoding down with it).
+        batcher: the continuous batch (None: requests decode one at a time).
     """
 
-    def __init__(self, metrics: Metrics | None = None, max_queue: int = 16, request_timeout: float = 300.0) -> None:
+    def __init__(self, metrics: Metrics | None = None, max_queue: int = 16, request_timeout: float = 300.0,
+                 max_batch: int | None = None) -> None:
         self.metrics = metrics or Metrics()
         self.max_queue = max_queue
         self.request_timeout = request_timeout
+        self.max_batch = max_batch
+        self.batcher = None
+        self.batch_invariant: bool | None = None
         self.step_hook: Callable[[], None] | None = None
         self.generator = None
         self.draining = False
@@ -76,7 +100,8 @@ class Engine:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
-        self._running: Job | None = None
+        self._running: set[Job] = set()
+        self._slots: list = []  # sibling generators of finished requests, for the next ones
         self._mean_s = 1.0  # moving mean of request seconds, for Retry-After
         self._thread = threading.Thread(target=self._work, name="selfspec-decode", daemon=True)
         self._thread.start()
@@ -93,6 +118,18 @@ class Engine:
             self._encoder = copy.deepcopy(tok) if tok is not None else None
         except Exception:  # an uncopyable tokenizer: share it, one encoding at a time  # noqa: BLE001
             self._encoder = tok
+        if self.max_batch is None:
+            self.max_batch = default_max_batch(generator)
+        if self.max_batch > 1 and generator.batchable():
+            from ..models.batch import Batcher, row_invariant
+
+            self.batcher = Batcher(generator.target, self.max_batch)
+            self.batcher.on_forward = lambda n: self.metrics.observe("batch_size", n)
+            self.batch_invariant = row_invariant(generator.kernels)
+            log.info("continuous batching: up to %d requests at once on %s kernels (%s)", self.max_batch,
+                     generator.kernels, "each identical to its solo run" if self.batch_invariant
+                     else "the kernels' rows may depend on the batch: a request's tokens may differ from its solo "
+                          "run where two tokens' logits nearly tie")
         self.generator = generator
         self.metrics.set("model_ready", 1)
 
@@ -122,11 +159,11 @@ class Engine:
     def queue_sizes(self) -> tuple[int, int]:
         """(waiting, running)."""
         with self._lock:
-            return self._waiting, int(self._running is not None)
+            return self._waiting, len(self._running)
 
     def _gauges(self) -> None:  # under self._lock
         self.metrics.set("num_requests_waiting", self._waiting)
-        self.metrics.set("num_requests_running", int(self._running is not None))
+        self.metrics.set("num_requests_running", len(self._running))
 
     def submit(self, job: Job) -> None:
         """Queue ``job``, or refuse it: 503 while draining, 429 (with Retry-After) when full."""
@@ -136,12 +173,14 @@ class Engine:
             if self._waiting >= self.max_queue:
                 retry = math.ceil(min(60.0, max(1.0, self._mean_s * (self._waiting + 1))))
                 waiting = f"{self._waiting} request{' is' if self._waiting == 1 else 's are'} waiting"
-                raise ApiError(429, f"the server is busy: {waiting} for the one decoder (queue size {self.max_queue}); "
+                raise ApiError(429, f"the server is busy: {waiting} for the decoder (queue size {self.max_queue}); "
                                     f"retry after {retry} s", code="rate_limit_exceeded",
                                type="rate_limit_error", headers={"Retry-After": str(retry)})
             self._waiting += 1
             self._gauges()
             self._queue.put(job)
+        if self.batcher is not None:
+            self.batcher.wake()  # admitted at the next step
 
     def cancel(self, job: Job) -> None:
         """The client went away: drop the job if queued, else stop it at the next decode step."""
@@ -179,14 +218,14 @@ class Engine:
         the JSON error the API promises rather than a cut connection or a plain-text 500."""
         self.drain()
         with self._lock:
-            job = self._running
-        if job is not None:
+            running = list(self._running)
+        for job in running:
             job.cancelled.set()
             job.push("error", ApiError(503, "the server is shutting down now (interrupted twice); the request was not "
                                             "finished: retry it", code="shutting_down"))
 
     def stop(self, timeout: float | None = None) -> None:
-        """End the worker after the request it is decoding."""
+        """End the worker after the requests it is decoding."""
         self.drain()
         self._queue.put(None)
         self._thread.join(timeout)
@@ -195,37 +234,83 @@ class Engine:
 
     # -- the worker --------------------------------------------------------------------------
     def _work(self) -> None:
+        """Admit queued requests (into the batch, up to ``max_batch``; else one at a time, here) and
+        run the batch's packed forwards, until stopped and nothing decodes."""
+        stopping = False
         while True:
-            job = self._queue.get()
-            if job is None:
+            b = self.batcher
+            busy = b is not None and b.active > 0
+            if not stopping and (not busy or b.active < b.max_batch):
+                try:
+                    job = self._queue.get(block=not busy)  # wait for work only when nothing decodes
+                except queue.Empty:
+                    job = False
+                if job is None:
+                    stopping = True
+                elif job is not False:
+                    if self._claim(job):
+                        if self.batcher is None:
+                            self._serve(job, self.generator)
+                        else:
+                            self._start(job)
+                    continue  # admit the others that wait before the next forward
+            if stopping and not busy:
                 return
-            with self._lock:
-                if job.state != "waiting":  # cancelled or drained while it waited
-                    continue
-                job.state = "running"
-                self._waiting -= 1
-                self._running = job
-                self._gauges()
-            t0 = time.perf_counter()
-            try:
-                self._decode(job)
-            except ApiError as e:
-                job.push("error", e)
-            except SelfspecError as e:
-                job.push("error", ApiError(400, str(e)))
-            except Exception as e:  # noqa: BLE001 - logged; the client gets a clean 500
-                log.exception("decoding request %s failed", job.req.id)
-                job.push("error", ApiError(500, f"decoding failed ({type(e).__name__}); see the server log",
-                                           code="internal_error"))
-            finally:
-                with self._lock:
-                    job.state = "done"
-                    self._running = None
-                    self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
-                    self._gauges()
+            if busy:
+                b.step(wait=0.05)
 
-    def _decode(self, job: Job) -> None:
-        g, m, req = self.generator, self.metrics, job.req
+    def _claim(self, job: Job) -> bool:
+        """Mark ``job`` running; False where it was cancelled or drained while it waited."""
+        with self._lock:
+            if job.state != "waiting":
+                return False
+            job.state = "running"
+            self._waiting -= 1
+            self._running.add(job)
+            self._gauges()
+            return True
+
+    def _start(self, job: Job) -> None:
+        """Decode ``job`` in the batch: a thread of its own, with a drafter of its own."""
+        b = self.batcher
+        with self._lock:
+            g = self._slots.pop() if self._slots else None
+        if g is None:
+            g = self.generator.sibling(b.slot())
+        b.join()
+
+        def run() -> None:
+            try:
+                self._serve(job, g)
+            finally:
+                b.leave()
+                with self._lock:
+                    self._slots.append(g)
+
+        threading.Thread(target=run, name=f"selfspec-request-{job.req.id}", daemon=True).start()
+
+    def _serve(self, job: Job, g) -> None:
+        """Decode ``job`` with generator ``g`` and answer it (the result or a clean error)."""
+        t0 = time.perf_counter()
+        try:
+            self._decode(job, g)
+        except ApiError as e:
+            job.push("error", e)
+        except SelfspecError as e:
+            job.push("error", ApiError(400, str(e)))
+        except Exception as e:  # noqa: BLE001 - logged; the client gets a clean 500
+            log.exception("decoding request %s failed", job.req.id)
+            job.push("error", ApiError(500, f"decoding failed ({type(e).__name__}); see the server log",
+                                       code="internal_error"))
+        finally:
+            with self._lock:
+                job.state = "done"
+                self._running.discard(job)
+                self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
+                self._gauges()
+
+    def _decode(self, job: Job, g) -> None:
+        m, req = self.metrics, job.req
         job.push("started")
         deadline = time.perf_counter() + self.request_timeout
         detok = IncrementalDetokenizer(g.tokenizer) if req.stream else None
@@ -281,4 +366,4 @@ class Engine:
         m.inc("request_success", finished_reason=finish)
         job.push("done", Outcome(text=full, finish_reason=finish, prompt_tokens=len(job.ids),
                                  completion_tokens=len(gen), steps=state.stats.steps, method=g.last_method or g.method,
-                                 lossless=g.lossless))
+                                 lossless=g.lossless, batch_invariant=self.batch_invariant))

@@ -33,13 +33,15 @@ HELP = {
     "time_per_output_token_seconds": ("histogram", "Seconds per generated token after the first, per request."),
     "e2e_request_latency_seconds": ("histogram", "Seconds from a request's arrival to its last token."),
     "num_requests_waiting": ("gauge", "Requests in the queue, not yet decoding."),
-    "num_requests_running": ("gauge", "Requests decoding (0 or 1: one at a time)."),
+    "num_requests_running": ("gauge", "Requests decoding (up to --max-batch at once)."),
+    "batch_size": ("histogram", "Requests in each packed forward of the continuous batch."),
     "model_ready": ("gauge", "1 once the model is loaded and the server takes requests."),
 }
 LABELS = {"spec_decode_num_accepted_tokens_per_pos": ("position",), "requests": ("status",),
           "request_success": ("finished_reason",)}
-BUCKETS = {"time_to_first_token_seconds": TTFT_BUCKETS, "time_per_output_token_seconds": TPOT_BUCKETS,
-           "e2e_request_latency_seconds": E2E_BUCKETS}
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+BUCKETS = {"batch_size": BATCH_BUCKETS, "time_to_first_token_seconds": TTFT_BUCKETS,
+           "time_per_output_token_seconds": TPOT_BUCKETS, "e2e_request_latency_seconds": E2E_BUCKETS}
 
 
 class Metrics:

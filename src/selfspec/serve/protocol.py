@@ -19,6 +19,8 @@ class Outcome:
         finish_reason: ``stop`` (end of sequence or a stop string) or ``length`` (max_tokens, or
             the server's time limit).
         steps: target forwards that produced tokens (prefill included); tau = tokens / steps.
+        batch_invariant: decoded in a continuous batch: whether its tokens equal its solo run's
+            (None: decoded alone).
     """
 
     text: str
@@ -28,10 +30,17 @@ class Outcome:
     steps: int
     method: str
     lossless: bool
+    batch_invariant: bool | None = None
 
     def selfspec(self) -> dict:
+        """The response's ``selfspec`` object; ``batch_invariant`` where the request was decoded in a
+        batch: whether its tokens are exactly those of its solo run (False: the backend's rows may
+        depend on the batch, so they may differ where two tokens' logits nearly tie)."""
         tau = self.completion_tokens / self.steps if self.steps else 0.0
-        return {"method": self.method, "tau": round(tau, 4), "steps": self.steps, "lossless": self.lossless}
+        out = {"method": self.method, "tau": round(tau, 4), "steps": self.steps, "lossless": self.lossless}
+        if self.batch_invariant is not None:
+            out["batch_invariant"] = self.batch_invariant
+        return out
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,

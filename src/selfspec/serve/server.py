@@ -36,6 +36,7 @@ class ServeOptions:
     api_key: str | None = None
     served_model_name: str | None = None
     max_queue: int = 16
+    max_batch: int | None = None
     request_timeout: float = 300.0
     default_max_tokens: int = 256
     max_body_bytes: int = 1 << 20
@@ -108,7 +109,7 @@ def serve(opts: ServeOptions, load: Callable[[], object], warning: str | None = 
     if warning:
         print(warning, file=sys.stderr, flush=True)
     host, port = sock.getsockname()[:2]
-    engine = Engine(Metrics(), opts.max_queue, opts.request_timeout)
+    engine = Engine(Metrics(), opts.max_queue, opts.request_timeout, opts.max_batch)
     model_id = opts.served_model_name or opts.model
     app = create_app(engine, AppOptions(model_id=model_id, aliases=(opts.model,), api_key=opts.api_key,
                                         max_body_bytes=opts.max_body_bytes,
