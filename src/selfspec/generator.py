@@ -249,10 +249,14 @@ class SpeculativeGenerator:
 
     def batchable(self) -> bool:
         """Whether this generator's requests can share packed forwards: an eager verify runner, a
-        known recipe for their drafters, and drafters that load no weights of their own
-        (:attr:`~selfspec.drafters.spec.MethodSpec.draft_weights`). Else they decode one at a time."""
-        return (self.target.step is None and self.recipe is not None
-                and not METHODS[self.recipe[0]].draft_weights)
+        known recipe for their drafters, drafters that load no weights of their own
+        (:attr:`~selfspec.drafters.spec.MethodSpec.draft_weights`) and an attention function that
+        takes the packed path's masks (:func:`~selfspec.models.batch.packable`). Else they decode
+        one at a time."""
+        from .models.batch import packable
+
+        return (self.target.step is None and self.recipe is not None and not METHODS[self.recipe[0]].draft_weights
+                and packable(self.target.model.config._attn_implementation))
 
     def generate_batch(self, prompts: Sequence, max_batch: int | None = None, **gen_kwargs) -> list[GenerationResult]:
         """Decode ``prompts`` together: each in a decode loop of its own (its own drafter, cache and
@@ -275,8 +279,9 @@ class SpeculativeGenerator:
         if not self.batchable():
             log.info("%s decodes a batch's prompts one after the other (%s)", self.method,
                      "the compiled backend's static-shape step" if self.target.step is not None
-                     else "its drafter loads weights of its own" if self.recipe is not None
-                     else "no recipe to build a drafter per prompt")
+                     else "no recipe to build a drafter per prompt" if self.recipe is None
+                     else "its drafter loads weights of its own" if METHODS[self.recipe[0]].draft_weights
+                     else f"{self.target.model.config._attn_implementation} attention takes no packed masks")
             return [self.generate(p, **{k: (v[i] if k in ("max_new_tokens", "seed") and isinstance(v, (list, tuple))
                                             else v) for k, v in gen_kwargs.items()})
                     for i, p in enumerate(prompts)]
@@ -299,15 +304,26 @@ class SpeculativeGenerator:
             finally:
                 batcher.leave()
 
-        threads = [threading.Thread(target=work, args=(i,), name=f"selfspec-batch-{i}") for i in range(len(prompts))]
+        threads = [threading.Thread(target=work, args=(i,), name=f"selfspec-batch-{i}", daemon=True)
+                   for i in range(len(prompts))]
+        started = []
         for _ in threads:
             batcher.join()  # all of them before any forward: the first packed forward waits for every prompt
-        with torch_threads(self.threads):
-            for t in threads:
-                t.start()
-            batcher.drive()  # every packed forward in this thread, until the last request leaves
-            for t in threads:
+        try:
+            with torch_threads(self.threads):
+                for t in threads:
+                    t.start()
+                    started.append(t)
+                batcher.drive()  # every packed forward in this thread, until the last request leaves
+        except BaseException as e:  # interrupted (Ctrl-C) or a thread that did not start: stop the others
+            batcher.abort(e)
+            for _ in threads[len(started):]:
+                batcher.leave()
+            for t in started:
                 t.join()
+            raise
+        for t in threads:
+            t.join()
         if errors:
             raise errors[0]
         invariant = row_invariant(self.kernels)

@@ -101,3 +101,22 @@ def test_the_packed_tree_shares_the_runners_weights(base):
     assert packed.config._attn_implementation == batch.PACKED_NAME
     assert r.model.config._attn_implementation != batch.PACKED_NAME  # the runner's own tree is unchanged
     assert all(a is b for a, b in zip(packed.parameters(), r.model.parameters()))
+
+
+def test_an_attention_without_packed_masks_decodes_one_at_a_time(tiny_dir):
+    eager = load_model(str(tiny_dir), attn_implementation="eager")
+    g = selfspec.load(eager, method="ar", kernels="stock", self_test=False)
+    assert not g.batchable()
+    prompts, _ = requests(7, 2)
+    out = g.generate_batch(prompts, max_new_tokens=5, ignore_eos=True)
+    assert [r.token_ids for r in out] == [g.generate(p, max_new_tokens=5, ignore_eos=True).token_ids for p in prompts]
+    assert batch.packable("sdpa") and not batch.packable("eager") and not batch.packable("flash_attention_2")
+
+
+def test_a_stopped_batch_answers_every_waiting_request(base):
+    b = batch.Batcher(base.runner("int8"), max_batch=2)
+    b.join()
+    b.abort(KeyboardInterrupt())
+    cache = batch.kv_cache.new_cache(base.model.config)
+    with pytest.raises(SelfspecError, match="stopped"):
+        b.slot().forward(cache, torch.tensor([5]), torch.tensor([0]), None, False, 0)

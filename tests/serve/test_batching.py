@@ -120,3 +120,30 @@ def test_32_clients_with_cancellations_and_an_overlong_prompt(batched):
     assert e.queue_sizes() == (0, 0) and e.batcher.active == 0
     assert psutil.Process().memory_info().rss - rss < 300 * 2**20  # bounded: the caches of finished requests freed
     assert c.completions.create(model="tiny", prompt="w5", max_tokens=4, temperature=0).usage.completion_tokens >= 1
+
+
+def test_a_request_whose_drafter_cannot_be_built_gets_500_and_the_batch_goes_on(batched, monkeypatch):
+    g, e = batched.generator, batched.engine
+    want = solo(g, PROMPTS[0], 10)
+    e._slots.clear()  # the next request builds its drafter
+    real = type(g).sibling
+    calls = []
+
+    def fails_once(self, target):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return real(self, target)
+
+    monkeypatch.setattr(type(g), "sibling", fails_once)
+    c = client(batched)
+    try:
+        c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=5, temperature=0)
+        raise AssertionError("expected a 500")
+    except openai.InternalServerError as err:
+        assert "could not start" in err.message
+    r = c.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=10, temperature=0,
+                             extra_body={"ignore_eos": True})
+    assert r.choices[0].text == want
+    wait_idle(e)
+    assert e.batcher.active == 0

@@ -20,6 +20,7 @@ tensor copied) with the packed attention installed once (:meth:`~selfspec.models
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ..core import kv_cache
 from ..core.attention import decode_attention
 from ..errors import SelfspecError
-from .adapter import BlockOutput, build_mask
+from .adapter import BOOL_MASK_IMPLS, BlockOutput, build_mask
 
 PACKED_NAME = "selfspec_packed"
 """The attention function of a packed module tree (registered with ``transformers.AttentionInterface``)."""
@@ -130,11 +131,19 @@ AttentionInterface.register(PACKED_NAME, packed_attention_forward)
 _NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # 4-D: transformers passes it through untouched (unused)
 
 
+def packable(inner: str) -> bool:
+    """Whether a runner with attention function ``inner`` can run inside a packed forward: a
+    registered function that takes the explicit boolean masks the packed path builds (sdpa and
+    selfspec's own; not eager, whose masks are additive and whose function is per model, nor flash
+    or flex attention, which take no such mask)."""
+    return inner in BOOL_MASK_IMPLS and inner in ALL_ATTENTION_FUNCTIONS
+
+
 def check_packable(inner: str) -> None:
     """Refuse a runner whose attention function cannot run per request inside a packed forward."""
-    if inner not in ALL_ATTENTION_FUNCTIONS:
-        raise SelfspecError(f"batched decoding needs a registered attention function, not {inner!r}; load the "
-                            "model with attn_implementation='sdpa'")
+    if not packable(inner):
+        raise SelfspecError(f"batched decoding needs sdpa attention (or selfspec's own), not {inner!r}; load the "
+                            "model with attn_implementation='sdpa', or decode one request at a time")
 
 
 @torch.inference_mode()
@@ -166,6 +175,10 @@ def packed_forward(model: torch.nn.Module, inner: str, blocks: Sequence[Block]) 
     return results
 
 
+SIZES_KEPT = 4096
+"""Batch sizes a :class:`Batcher` keeps (a server's runs for its life; the metrics count them all)."""
+
+
 class Batcher:
     """Continuous batching of the forwards of several requests, each decoding in a thread of its own
     through the one decode loop with a :class:`SlotRunner`: a request's forward waits until every
@@ -180,7 +193,7 @@ class Batcher:
     Attributes:
         runner: the verify runner (its packed module tree runs the forwards).
         max_batch: the most requests in one packed forward.
-        sizes: the number of requests in each packed forward so far (the batch-size record).
+        sizes: the number of requests in each of the latest :data:`SIZES_KEPT` packed forwards.
         on_forward: called with the number of requests after each packed forward (metrics).
     """
 
@@ -191,7 +204,7 @@ class Batcher:
             raise SelfspecError(f"max_batch is at least 1, not {max_batch}")
         self.runner = runner
         self.max_batch = max_batch
-        self.sizes: list[int] = []
+        self.sizes: collections.deque[int] = collections.deque(maxlen=SIZES_KEPT)
         self._model = runner.packed
         self._inner = runner.model.config._attn_implementation
         check_packable(self._inner)
@@ -199,6 +212,7 @@ class Batcher:
         self._active = 0
         self._waiting: list[tuple[Block, list]] = []
         self._woken = False
+        self._error: BaseException | None = None
         self.on_forward: Callable[[int], object] | None = None  # called with each forward's batch size
 
     def slot(self) -> SlotRunner:
@@ -221,6 +235,8 @@ class Batcher:
         output, or raises what the forward raised."""
         box: list = []
         with self._cond:
+            if self._error is not None:
+                raise SelfspecError(f"the batch was stopped ({type(self._error).__name__})")
             self._waiting.append((block, box))
             self._cond.notify_all()
             while not box:
@@ -228,6 +244,16 @@ class Batcher:
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
+
+    def abort(self, error: BaseException) -> None:
+        """Stop the batch: every request waiting for a forward, and every later one, raises (the
+        driving thread was interrupted or failed); their threads then leave."""
+        with self._cond:
+            self._error = error
+            for _, box in self._waiting:
+                box.append(SelfspecError(f"the batch was stopped ({type(error).__name__})"))
+            self._waiting = []
+            self._cond.notify_all()
 
     @property
     def active(self) -> int:
@@ -270,15 +296,21 @@ class Batcher:
         return True
 
     def _run(self, batch: list[tuple[Block, list]]) -> None:
+        interrupted: BaseException | None = None
         try:
             outs: list = packed_forward(self._model, self._inner, [b for b, _ in batch])
         except Exception as e:  # noqa: BLE001 - each request of the forward raises it in its own thread
             outs = [e] * len(batch)
+        except BaseException as e:  # Ctrl-C in the driving thread: the requests still get an answer
+            interrupted = e
+            outs = [SelfspecError(f"the batch was stopped ({type(e).__name__})")] * len(batch)
         with self._cond:
             self.sizes.append(len(batch))
             for (_, box), out in zip(batch, outs):
                 box.append(out)
             self._cond.notify_all()
+        if interrupted is not None:
+            raise interrupted
         if self.on_forward is not None:
             self.on_forward(len(batch))
 

@@ -184,7 +184,8 @@ def create_app(engine: Engine, options: AppOptions) -> FastAPI:
         if not engine.ready:
             return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
         waiting, running = engine.queue_sizes()
-        return JSONResponse({"status": "ok", "active_slots": running, "max_batch": engine.max_batch,
+        return JSONResponse({"status": "ok", "active_slots": running,
+                             "max_batch": engine.batcher.max_batch if engine.batcher is not None else 1,
                              "waiting": waiting})
 
     @app.get("/metrics")

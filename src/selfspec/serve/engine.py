@@ -271,23 +271,38 @@ class Engine:
             return True
 
     def _start(self, job: Job) -> None:
-        """Decode ``job`` in the batch: a thread of its own, with a drafter of its own."""
+        """Decode ``job`` in the batch: a thread of its own, with a drafter of its own. Where that
+        cannot start (the drafter's build failed, no thread), the job is answered with the error
+        and the batch goes on without it."""
         b = self.batcher
-        with self._lock:
-            g = self._slots.pop() if self._slots else None
-        if g is None:
-            g = self.generator.sibling(b.slot())
-        b.join()
+        joined = False
+        try:
+            with self._lock:
+                g = self._slots.pop() if self._slots else None
+            if g is None:
+                g = self.generator.sibling(b.slot())
+            b.join()
+            joined = True
 
-        def run() -> None:
-            try:
-                self._serve(job, g)
-            finally:
+            def run() -> None:
+                try:
+                    self._serve(job, g)
+                finally:
+                    b.leave()
+                    with self._lock:
+                        self._slots.append(g)
+
+            threading.Thread(target=run, name=f"selfspec-request-{job.req.id}", daemon=True).start()
+        except Exception as e:  # noqa: BLE001 - logged; the client gets a clean 500, the others go on
+            if joined:
                 b.leave()
-                with self._lock:
-                    self._slots.append(g)
-
-        threading.Thread(target=run, name=f"selfspec-request-{job.req.id}", daemon=True).start()
+            log.exception("starting request %s failed", job.req.id)
+            job.push("error", ApiError(500, f"the request could not start ({type(e).__name__}); see the server log",
+                                       code="internal_error"))
+            with self._lock:
+                job.state = "done"
+                self._running.discard(job)
+                self._gauges()
 
     def _serve(self, job: Job, g) -> None:
         """Decode ``job`` with generator ``g`` and answer it (the result or a clean error)."""
