@@ -276,29 +276,27 @@ class SpeculativeGenerator:
 
         if not prompts:
             return []
+        per_request = {k: v for k, v in gen_kwargs.items() if k in ("max_new_tokens", "seed")
+                       and isinstance(v, (list, tuple))}
+        for k, v in per_request.items():
+            if len(v) != len(prompts):
+                raise SelfspecError(f"{k} has {len(v)} values for {len(prompts)} prompts; give one, or one per prompt")
+        each = [{**gen_kwargs, **{k: v[i] for k, v in per_request.items()}} for i in range(len(prompts))]
         if not self.batchable():
             log.info("%s decodes a batch's prompts one after the other (%s)", self.method,
                      "the compiled backend's static-shape step" if self.target.step is not None
                      else "no recipe to build a drafter per prompt" if self.recipe is None
                      else "its drafter loads weights of its own" if METHODS[self.recipe[0]].draft_weights
                      else f"{self.target.model.config._attn_implementation} attention takes no packed masks")
-            return [self.generate(p, **{k: (v[i] if k in ("max_new_tokens", "seed") and isinstance(v, (list, tuple))
-                                            else v) for k, v in gen_kwargs.items()})
-                    for i, p in enumerate(prompts)]
+            return [self.generate(p, **kw) for p, kw in zip(prompts, each)]
         batcher = Batcher(self.target, max_batch or len(prompts))
         gens = [self.sibling(batcher.slot()) for _ in prompts]
         results: list = [None] * len(prompts)
         errors: list[BaseException] = []
 
-        per_request = {k: v for k, v in gen_kwargs.items() if k in ("max_new_tokens", "seed")
-                       and isinstance(v, (list, tuple))}
-        for k, v in per_request.items():
-            if len(v) != len(prompts):
-                raise SelfspecError(f"{k} has {len(v)} values for {len(prompts)} prompts; give one, or one per prompt")
-
         def work(i: int) -> None:
             try:
-                results[i] = gens[i].generate(prompts[i], **{**gen_kwargs, **{k: v[i] for k, v in per_request.items()}})
+                results[i] = gens[i].generate(prompts[i], **each[i])
             except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
                 errors.append(e)
             finally:

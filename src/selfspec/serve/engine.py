@@ -299,10 +299,7 @@ class Engine:
             log.exception("starting request %s failed", job.req.id)
             job.push("error", ApiError(500, f"the request could not start ({type(e).__name__}); see the server log",
                                        code="internal_error"))
-            with self._lock:
-                job.state = "done"
-                self._running.discard(job)
-                self._gauges()
+            self._finish(job)
 
     def _serve(self, job: Job, g) -> None:
         """Decode ``job`` with generator ``g`` and answer it (the result or a clean error)."""
@@ -318,11 +315,16 @@ class Engine:
             job.push("error", ApiError(500, f"decoding failed ({type(e).__name__}); see the server log",
                                        code="internal_error"))
         finally:
-            with self._lock:
-                job.state = "done"
-                self._running.discard(job)
-                self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
-                self._gauges()
+            self._finish(job, time.perf_counter() - t0)
+
+    def _finish(self, job: Job, seconds: float | None = None) -> None:
+        """``job`` ended (answered): no longer running; ``seconds`` it decoded feed Retry-After."""
+        with self._lock:
+            job.state = "done"
+            self._running.discard(job)
+            if seconds is not None:
+                self._mean_s = 0.8 * self._mean_s + 0.2 * seconds
+            self._gauges()
 
     def _decode(self, job: Job, g) -> None:
         m, req = self.metrics, job.req
