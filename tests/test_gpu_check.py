@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.matrix  # ~50 s on 2 cores: CI's second command, keeping the default tier under 10 minutes
 def test_gpu_check_dry_run_on_cpu(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "SELFSPEC_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
     env.pop("OUT", None)

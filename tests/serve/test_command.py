@@ -96,12 +96,25 @@ def test_a_second_ctrl_c_answers_the_request_in_flight_503_json(chat_dir, capsys
     server = _Server(uvicorn.Config(run.server.config.app), engine)  # its signal handling, on the running engine
     try:
         result: dict = {}
+        started = threading.Event()  # the stream's first event was read (its 200 was sent)
         body = {"prompt": "w5 w6", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": stream}
-        t = threading.Thread(target=lambda: result.update(r=http().post(run.url + "/v1/completions", json=body,
-                                                                          timeout=30)))
+
+        def post() -> None:
+            if not stream:
+                result["r"] = http().post(run.url + "/v1/completions", json=body, timeout=30)
+                return
+            with http().stream("POST", run.url + "/v1/completions", json=body, timeout=30) as r:
+                lines = []
+                for line in r.iter_lines():
+                    lines.append(line)
+                    started.set()
+                result["r"], result["lines"] = r, lines
+            started.set()
+
+        t = threading.Thread(target=post)
         t.start()
         deadline = time.time() + 10
-        while engine.queue_sizes() != (0, 1):
+        while engine.queue_sizes() != (0, 1) or (stream and not started.is_set()):
             assert time.time() < deadline
             time.sleep(0.01)
         server.handle_exit(signal.SIGINT, None)
@@ -110,7 +123,7 @@ def test_a_second_ctrl_c_answers_the_request_in_flight_503_json(chat_dir, capsys
         t.join(10)
         r = result["r"]
         if stream:  # the stream had started (200): its last event is the error, then [DONE]
-            events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+            events = [line[6:] for line in result["lines"] if line.startswith("data: ")]
             assert r.status_code == 200 and events[-1] == "[DONE]"
             assert json.loads(events[-2])["error"]["code"] == "shutting_down"
         else:
