@@ -57,10 +57,11 @@ def test_ranking_orders_by_counts_then_prior_then_id():
     assert ranking_from_counts(counts, prior) == [2, 1, 3, 5, 4, 0]
 
 
-def test_missing_ranking_is_a_one_line_error(tiny_dir):
+def test_missing_ranking_is_a_one_line_error(tiny_dir, tmp_path, monkeypatch):
     import selfspec
     from selfspec.models.loading import load_model
 
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))  # other tests write rankings for this model's name
     t = load_model(str(tiny_dir))
     with pytest.raises(SelfspecError, match="no draft vocabulary ranking"):
         selfspec.load(t, "hass", head="random:0", draft_vocab=16, self_test=False)

@@ -39,6 +39,28 @@ def test_expensive_draft_shortens_chain():
     assert b.choose(room=100) < cheap
 
 
+def test_a_batch_sizes_drafts_against_the_batchs_cost():
+    """T(q) flat up to 8 rows, then one T(1) more per 8 rows (weights-bound, then compute-bound):
+    alone a request drafts 7 (8 rows cost what 1 does); with 2 requests in the forward 3 (their 8
+    rows are the flat part); with 8, every extra row costs compute and a plain batched step pays
+    best (a probe now and then, as when drafting does not pay alone)."""
+    b = ChainBudget(profile([1.0] * 8 + [1.0 + (q - 8) / 8 for q in range(9, 97)]), k=8, prior_alpha=0.7)
+    assert b.choose(room=100) == 7
+    b.width = 2
+    assert b.choose(room=100) == 3
+    b.width = 8
+    assert [b.choose(room=100) for _ in range(3)] == [0, 0, 0]
+    b.width = 1
+    assert b.choose(room=100) == 7
+
+
+def test_shared_cost_is_the_batchs_step_over_its_plain_step():
+    p = CostProfile((1, 2, 4, 8), (1.0, 1.0, 2.0, 4.0), 256, "k")
+    assert p.shared(3) == p.ratio(3) == 1.5
+    assert p.shared(2, 2) == p.ratio(4) / p.ratio(2) == 2.0
+    assert p.shared(1, 4) == 1.0  # one row each: the batch's plain step
+
+
 def test_fixed_k_without_profile():
     assert ChainBudget(None, k=4).choose(room=10) == 4
     assert ChainBudget(None, k=4).choose(room=2) == 2

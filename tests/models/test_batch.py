@@ -65,6 +65,27 @@ def test_coupled_sampling_in_a_batch_is_the_solo_run(base):
     assert [r.token_ids for r in out] == solo
 
 
+def test_drafts_are_sized_for_the_batch_except_under_rejection_sampling(base, monkeypatch):
+    """The controller hands each step's sizer the number of requests in the forward (greedy: the
+    draft lengths do not change the text); a rejection-sampled request's text depends on its draft
+    lengths, so it is sized as if alone and stays its solo sample."""
+    from selfspec.decoding.controller import DraftController
+
+    widths: list[int] = []
+    budget = DraftController.budget
+    monkeypatch.setattr(DraftController, "budget", lambda self, width=1: widths.append(width) or budget(self, width))
+    g = selfspec.load(base.runner("int8"), method="pld", kernels="int8", self_test=False)
+    prompts, _ = requests(5, 4)
+    g.generate_batch(prompts, max_new_tokens=12, ignore_eos=True)
+    assert max(widths) == 4
+    kw = dict(max_new_tokens=12, temperature=0.9, sampling="rejection", ignore_eos=True)
+    solo = [g.generate(p, seed=3 + i, **kw).token_ids for i, p in enumerate(prompts)]
+    widths.clear()
+    out = g.generate_batch(prompts, seed=[3, 4, 5, 6], **kw)
+    assert max(g.last_batch_sizes) == 4 and set(widths) == {1}
+    assert [r.token_ids for r in out] == solo
+
+
 def test_a_kernel_whose_rows_depend_on_the_batch_is_caught(base, monkeypatch):
     """Negative control: logits that move with the number of requests in the forward change some
     request's ids, and the identity check above would fail."""

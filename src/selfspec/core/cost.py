@@ -106,6 +106,15 @@ class CostProfile:
         """Interpolated T(q) in seconds (see :meth:`ratio`)."""
         return self.t1 * self.ratio(q)
 
+    def shared(self, q: int, width: int = 1) -> float:
+        """T(width * q) / T(width): the cost of a packed forward in which each of ``width``
+        requests verifies ``q`` rows, in units of a plain step of that batch (one row each).
+        A draft sized on it maximises the batch's tokens per second as though every request in
+        it drafted alike: drafts grow where more rows cost little (the step already reads the
+        weights) and shrink toward plain batched decoding where rows cost compute. ``width``
+        1: :meth:`ratio`."""
+        return self.ratio(width * q) / self.ratio(width) if width > 1 else self.ratio(q)
+
     def ratio(self, q: int) -> float:
         """T(q) / T(1), linearly interpolated; extrapolated with the last slope beyond the range."""
         qs, ts = self.qs, self.seconds

@@ -68,10 +68,14 @@ class DraftController:
         if self._drafter.sizer is not None:
             self._drafter.sizer.new_prompt()
 
-    def budget(self) -> Budget | None:
-        """This step's budget for ``propose`` (None where the drafter has no sizer)."""
+    def budget(self, width: int = 1) -> Budget | None:
+        """This step's budget for ``propose`` (None where the drafter has no sizer); ``width``
+        requests verify in the same packed forward (1: alone), which the sizer prices its draft by."""
         sizer = self._drafter.sizer
-        return Budget(sizer) if sizer is not None else None
+        if sizer is None:
+            return None
+        sizer.width = width
+        return Budget(sizer)
 
     def reset(self) -> None:
         """The drafter forgets what it learned since it was adopted (its load-time snapshot)."""

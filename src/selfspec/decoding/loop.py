@@ -100,7 +100,9 @@ def run(state: DecodeState, runner: Runner, controller: DraftController) -> Iter
     yield prefill(state, runner, drafter)
     while not state.done:
         t0 = now(None)  # draft time: t0..t1 and t2..t3; verify time: t1..t2 (synced: the device's work)
-        budget = controller.budget()  # how much to draft: the sizer's, consulted mid-draft
+        # requests in this step's forward: a sampled draft's length must not depend on the batch
+        width = 1 if state.rejection else runner.batch_width
+        budget = controller.budget(width)  # how much to draft: the sizer's, consulted mid-draft
         proposal = drafter.propose(state, budget)
         tree = proposal.tree.truncate_depth(state.draft_room)
         if tree is not proposal.tree:
@@ -111,7 +113,7 @@ def run(state: DecodeState, runner: Runner, controller: DraftController) -> Iter
             raise RuntimeError(f"drafter {drafter.name} proposed a tree whose root is not the pending token")
         t1 = now(device)
         out = verify(state, runner, proposal, drafter.needs_hidden)
-        if controller.online is not None:  # the cost correction: every verify forward, by its block size
+        if controller.online is not None and width == 1:  # the cost correction: every solo verify forward
             pig = proposal.piggyback
             controller.verified(tree.size + (pig.tokens.numel() if pig is not None else 0), now(device) - t1)
         verdict = accept(state, proposal, out)

@@ -125,9 +125,13 @@ class Sizer(Protocol):
         profile: the verify-cost profile it sizes drafts from, or None (fixed sizes). The loop
             times every verify forward into an :class:`~selfspec.core.online_cost.OnlineCost` over it
             (a correction used from the next load on).
+        width: how many requests verify in the same packed forward this step (1 alone), set by
+            the controller before each step; costs are then read with
+            :meth:`~selfspec.core.cost.CostProfile.shared`.
     """
 
     profile: CostProfile | None
+    width: int
 
     def new_prompt(self) -> None:
         """A new request starts (its prompt is about to be prefilled)."""

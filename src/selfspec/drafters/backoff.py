@@ -157,6 +157,7 @@ class TreeSizer:
 
     def __init__(self, profile: CostProfile | None, backoff: bool = True, calibrate: bool = True) -> None:
         self.profile = profile
+        self.width = 1  # always 1: head methods decode one request at a time (MethodSpec.draft_weights)
         self.backoff = Backoff(profile.t1 if profile is not None and backoff else None)
         self.calibration = ConfidenceCalibration() if calibrate else None
 

@@ -124,6 +124,7 @@ class ChainBudget:
                  decay: float = CHAIN_DECAY, probe_every: int = FIRST_PROBE,
                  max_probe_every: int = MAX_PROBE) -> None:
         self.profile = profile
+        self.width = 1  # requests verifying in the same packed forward (set by the controller each step)
         self.k = k
         self.decay = decay
         self.probe = ProbeSchedule(probe_every, max_probe_every)
@@ -147,9 +148,10 @@ class ChainBudget:
         if self.profile is None:
             return min(self.k, room)
         a = min(self.alpha, 0.999)
-        c = self.draft_cost / self.profile.t1 if self.profile.t1 > 0 else 0.0
+        w = self.width  # in a batch, costs are in units of the batch's plain step, T(w) (CostProfile.shared)
+        c = self.draft_cost / self.profile.t1 * w / self.profile.ratio(w) if self.profile.t1 > 0 else 0.0
         tokens = [(1 - a ** (k + 1)) / (1 - a) for k in range(1, min(self.k, room) + 1)]
-        best_k, rate = best_rate(tokens, lambda k: self.profile.ratio(k + 1) + k * c)
+        best_k, rate = best_rate(tokens, lambda k: self.profile.shared(k + 1, w) + k * c)
         return self.probe.pick(best_k, rate)  # does not pay: probe now and then, at the best length
 
     def best_prefix(self, confidences: list[float]) -> int:
@@ -164,7 +166,7 @@ class ChainBudget:
         if self.profile is None or not confidences:
             return len(confidences)
         chances = prefix_products(self.calibration(c) for c in confidences)
-        best_d, rate = best_rate(expected_tokens(chances), lambda d: self.profile.ratio(d + 1))
+        best_d, rate = best_rate(expected_tokens(chances), lambda d: self.profile.shared(d + 1, self.width))
         return best_d if rate > PLAIN_RATE else 0
 
     def update(self, proposed: int, accepted: int, draft_seconds: float | None = None,
@@ -211,6 +213,7 @@ class PositionalAcceptance:
     def __init__(self, profile: CostProfile | None, max_k: int, prior: list[float] | None = None,
                  decay: float = RATE_DECAY, first_probe: int = FIRST_PROBE, max_probe: int = MAX_PROBE) -> None:
         self.profile, self.max_k = profile, max_k
+        self.width = 1  # requests verifying in the same packed forward (set by the controller each step)
         prior = list(prior or [])
         self.acceptance = DecayedRates([prior[j] if j < len(prior) else 0.3 for j in range(max_k)], decay)
         self.probe = ProbeSchedule(first_probe, max_probe)
@@ -220,8 +223,8 @@ class PositionalAcceptance:
 
     def cost(self, k: int, verify_tokens: int | None = None) -> float:
         """T(k + 1) of the draft step plus T(``verify_tokens``) (default k + 1, a chain) of the
-        verify step, in units of T(1)."""
-        return self.profile.ratio(k + 1) + self.profile.ratio(verify_tokens or k + 1)
+        verify step, in units of T(1) (of the batch's plain step in a batch: ``CostProfile.shared``)."""
+        return self.profile.shared(k + 1, self.width) + self.profile.shared(verify_tokens or k + 1, self.width)
 
     def tokens(self, k: int) -> list[float]:
         """Expected tokens of loops of 1 .. k drafts (positions past ``max_k`` add nothing)."""
@@ -337,6 +340,15 @@ class DraftRule:
     @property
     def profile(self) -> CostProfile | None:
         return self.budget.profile
+
+    @property
+    def width(self) -> int:
+        """Requests verifying in the same packed forward (the budget's; set by the controller)."""
+        return self.budget.width
+
+    @width.setter
+    def width(self, width: int) -> None:
+        self.budget.width = width
 
     def update(self, verified: int, accepted: int, draft_seconds: float | None, drafted: int,
                confidences: Sequence[float]) -> None:

@@ -126,6 +126,7 @@ class NodeRates:
     def __init__(self, template: tuple[tuple[int, ...], ...], profile: CostProfile | None,
                  decay: float = RATE_DECAY, first_probe: int = FIRST_PROBE, max_probe: int = MAX_PROBE) -> None:
         self.template, self.profile = template, profile
+        self.width = 1  # requests verifying in the same packed forward (set by the controller each step)
         self.parent = [template.index(p[:-1]) if len(p) > 1 else -1 for p in template]
         prior = [(0.3 if p[-1] == RETRIEVAL else 0.4 / (1 + p[-1])) * 0.6 ** (len(p) - 1) for p in template]
         self.acceptance = DecayedRates(prior, decay)
@@ -150,7 +151,7 @@ class NodeRates:
         cap = min(cap, len(values))
         if self.profile is None or cap == 0:
             return cap
-        best_n, rate = best_rate(expected_tokens(values[:cap]), lambda n: self.profile.ratio(n + 1))
+        best_n, rate = best_rate(expected_tokens(values[:cap]), lambda n: self.profile.shared(n + 1, self.width))
         return self.probe.pick(best_n, rate, min(cap, 4))  # nothing pays: a small probe tree now and then
 
     def update(self, verified: Sequence[int], accepted: set[int]) -> None:

@@ -73,7 +73,7 @@ class SpaceAcceptance(PositionalAcceptance):
 
     def cost(self, k: int, verify_tokens: int | None = None) -> float:
         """T(``verify_tokens``) (default the whole masked forward, ``step_tokens(k)``) / T(1)."""
-        return self.profile.ratio(verify_tokens or step_tokens(k))
+        return self.profile.shared(verify_tokens or step_tokens(k), self.width)
 
 
 def accept_paper(tree: DraftTree, target_logits: torch.Tensor, warper: Warper,

@@ -352,6 +352,12 @@ class SlotRunner:
         return self.target.context_length
 
     @property
+    def batch_width(self) -> int:
+        """Requests whose blocks share the next packed forward: those decoding now, up to
+        ``max_batch`` (what the draft controller sizes drafts against)."""
+        return max(1, min(self.batcher.active, self.batcher.max_batch))
+
+    @property
     def device(self) -> torch.device:
         return self.target.device
 

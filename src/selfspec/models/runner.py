@@ -199,6 +199,12 @@ class Runner:
         return self.base.tokenizer
 
     @property
+    def batch_width(self) -> int:
+        """Requests whose blocks share this runner's forwards: 1 (a batch's runners are
+        :class:`~selfspec.models.batch.SlotRunner`)."""
+        return 1
+
+    @property
     def name(self) -> str:
         return self.base.name
 
