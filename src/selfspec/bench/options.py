@@ -47,6 +47,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=BenchOptions.out,
                    help=f"output directory: records.jsonl, report.md, report.json, plots (default {BenchOptions.out})")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument("--concurrency", default=None, metavar="LEVELS",
+                   help="serve the model (selfspec serve, continuous batching) and drive it with this many concurrent "
+                        "OpenAI clients, e.g. 1,2,4,8: aggregate tok/s, TTFT/TPOT percentiles, identity to the solo "
+                        "run, a plot (method: --methods' one entry, default auto; --limit prompts, default 16; "
+                        "--peers transformers,vllm)")
+    p.add_argument("--vllm-python", default=None, metavar="PATH",
+                   help="with --concurrency --peers vllm: the Python of vLLM's own venv "
+                        "(default $SELFSPEC_VLLM_PYTHON)")
 
 
 @dataclass(frozen=True)

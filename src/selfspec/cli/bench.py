@@ -24,5 +24,50 @@ def run(args: argparse.Namespace) -> int:
     from ..registry import AUTO, BASELINE, METHODS
 
     setup(args)
+    if args.concurrency is not None:
+        return concurrency(args)
     flags = {m: method_options(args, m, strict=False) for m in (*METHODS, AUTO) if m != BASELINE}
     return run_bench(BenchOptions.from_namespace(args, flags))
+
+
+def concurrency(args: argparse.Namespace) -> int:
+    """``selfspec bench --concurrency``: the server under concurrent clients (``selfspec.serve.concurrency``)."""
+    from pathlib import Path
+
+    from ..bench.datasets import load_dataset
+    from ..bench.options import BenchOptions
+    from ..errors import SelfspecError
+    from ..registry import AUTO
+    from ..serve.concurrency import LOAD_PEERS, ConcurrencyOptions, parse_levels, run_concurrency
+    from .common import load_generator
+
+    levels = parse_levels(args.concurrency)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.methods == BenchOptions.methods:
+        method = AUTO
+    elif len(methods) == 1:
+        method = methods[0]
+    else:
+        raise SelfspecError(f"--concurrency serves one method: pass --methods NAME, not {args.methods!r}")
+    if "," in args.kernels:
+        raise SelfspecError(f"--concurrency serves one backend: pass --kernels NAME, not {args.kernels!r}")
+    peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
+    for p in peers:
+        if p not in LOAD_PEERS:
+            raise SelfspecError(f"--concurrency's peers are {', '.join(LOAD_PEERS)}, not {p!r}")
+    n = args.limit or 16
+    texts = [p.text for p in load_dataset(args.dataset, limit=n)]
+    while len(texts) < n:  # a small prompt set repeats
+        texts += texts[: n - len(texts)]
+    opts = ConcurrencyOptions(levels=levels, prompts=tuple(texts), max_new_tokens=args.max_new_tokens, peers=peers,
+                              vllm_python=args.vllm_python, out=Path(args.out))
+    model_dir = None
+    if "vllm" in peers:
+        from ..models.loading import resolve_path
+
+        path, _ = resolve_path(args.model)
+        if path is None or not path.is_dir():
+            raise SelfspecError(f"--peers vllm loads a Hugging Face model directory; {args.model!r} is not one "
+                                "(pull a bundled model first: selfspec models pull NAME)")
+        model_dir = str(path)
+    return run_concurrency(opts, lambda: load_generator(args, method), model_dir=model_dir)

@@ -194,6 +194,7 @@ class Batcher:
         runner: the verify runner (its packed module tree runs the forwards).
         max_batch: the most requests in one packed forward.
         sizes: the number of requests in each of the latest :data:`SIZES_KEPT` packed forwards.
+        forwards: packed forwards run so far.
         on_forward: called with the number of requests after each packed forward (metrics).
     """
 
@@ -205,6 +206,7 @@ class Batcher:
         self.runner = runner
         self.max_batch = max_batch
         self.sizes: collections.deque[int] = collections.deque(maxlen=SIZES_KEPT)
+        self.forwards = 0
         self._model = runner.packed
         self._inner = runner.model.config._attn_implementation
         check_packable(self._inner)
@@ -306,6 +308,7 @@ class Batcher:
             outs = [SelfspecError(f"the batch was stopped ({type(e).__name__})")] * len(batch)
         with self._cond:
             self.sizes.append(len(batch))
+            self.forwards += 1
             for (_, box), out in zip(batch, outs):
                 box.append(out)
             self._cond.notify_all()

@@ -1,0 +1,396 @@
+"""``selfspec bench --concurrency 1,2,4,8``: the server under concurrent clients (issue 58).
+
+The model is served in this process by the engine and app of ``selfspec serve`` (continuous
+batching, its default ``--max-batch``) on a free loopback port. For each concurrency C, C client
+threads of the official ``openai`` client stream the same chat prompts (greedy, ``max_tokens``
+new tokens each, EOS ignored), each thread taking the next prompt when its last one ends. Per C:
+aggregate tokens/s (tokens over the level's wall time), p50/p95 time to first token and per output
+token, the server's mean batch size, and how many requests' text equals their **solo run**
+(``generate`` of the same generator, one request at a time; every solo run is also checked against
+``transformers`` ``generate(do_sample=False)`` once).
+
+Peers in the same run, on the same prompts and weights (fp32):
+
+* ``transformers``: ``generate`` with a left-padded batch of C prompts at a time (stock kernels);
+  its rows are compared with the solo ids (padding changes their shapes and masks).
+* ``vllm``: vLLM's CPU build through its own OpenAI server, in its own venv (``--vllm-python`` or
+  ``$SELFSPEC_VLLM_PYTHON``: it pins another transformers), driven by the same client code. A peer
+  that fails to start or crashes is reported as failed, never as a figure.
+
+Writes ``concurrency.jsonl`` (one row per contender and level), ``concurrency.md`` and
+``concurrency.png`` (throughput and p95 time per token against concurrency) in ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SelfspecError
+
+log = logging.getLogger(__name__)
+
+LOAD_PEERS = ("transformers", "vllm")
+"""Peers of the concurrency benchmark."""
+VLLM_PYTHON_ENV = "SELFSPEC_VLLM_PYTHON"
+VLLM_START_S = 600.0
+"""How long vLLM's server may take to load before it counts as failed."""
+
+
+@dataclass(frozen=True)
+class ConcurrencyOptions:
+    """One concurrency benchmark.
+
+    Attributes:
+        levels: the concurrencies, e.g. (1, 2, 4, 8).
+        prompts: chat prompts (texts), each sent once per level.
+        max_new_tokens: tokens generated per request (EOS ignored).
+        peers: among :data:`LOAD_PEERS`.
+        vllm_python: the Python of vLLM's venv (None: ``$SELFSPEC_VLLM_PYTHON``).
+        max_batch: the server's ``--max-batch`` (None: its default, from free memory).
+        out: the output directory.
+    """
+
+    levels: tuple[int, ...]
+    prompts: tuple[str, ...]
+    max_new_tokens: int = 128
+    peers: tuple[str, ...] = ()
+    vllm_python: str | None = None
+    max_batch: int | None = None
+    out: Path = Path("bench-out")
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> (1, 2, 4, 8); a one-line error for anything else."""
+    try:
+        levels = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        raise SelfspecError(f"--concurrency takes comma-separated client counts >= 1 (e.g. 1,2,4,8), not {text!r}")
+    return levels
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank; nan when empty)."""
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))] if v else float("nan")
+
+
+def drive(base_url: str, model: str, prompts: Sequence[str], clients: int, max_new_tokens: int,
+          clock: Callable[[], float] = time.perf_counter) -> dict:
+    """Stream every prompt once through the OpenAI client from ``clients`` threads, each taking
+    the next prompt when its last one ends. Returns tok/s, TTFT and TPOT percentiles and each
+    prompt's text (by index); a request that fails is counted in ``failed``."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=3600)
+    queue = list(range(len(prompts)))
+    lock = threading.Lock()
+    ttft: list[float] = []
+    tpot: list[float] = []
+    texts: dict[int, str] = {}
+    tokens = [0]
+    failed: list[str] = []
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i = queue.pop(0)
+            t0 = clock()
+            first, pieces = None, []
+            try:
+                for ch in client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": prompts[i]}], max_tokens=max_new_tokens,
+                        temperature=0, stream=True, extra_body={"ignore_eos": True}):
+                    if ch.choices and ch.choices[0].delta.content:
+                        if first is None:
+                            first = clock()
+                        pieces.append(ch.choices[0].delta.content)
+            except Exception as e:  # noqa: BLE001 - reported as a failed request, never as a figure
+                with lock:
+                    failed.append(f"{type(e).__name__}: {e}"[:200])
+                continue
+            end = clock()
+            with lock:
+                first = end if first is None else first
+                ttft.append(first - t0)
+                tpot.append((end - first) / max(1, max_new_tokens - 1))
+                tokens[0] += max_new_tokens
+                texts[i] = "".join(pieces)
+
+    t0 = clock()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = clock() - t0
+    return {"concurrency": clients, "tok_s": round(tokens[0] / wall, 2) if wall > 0 else 0.0,
+            "ttft_p50_s": round(percentile(ttft, 0.5), 3), "ttft_p95_s": round(percentile(ttft, 0.95), 3),
+            "tpot_p50_ms": round(1e3 * percentile(tpot, 0.5), 1), "tpot_p95_ms": round(1e3 * percentile(tpot, 0.95), 1),
+            "failed": failed, "texts": texts}
+
+
+class InProcessServer:
+    """The app of ``selfspec serve`` over ``engine`` in a uvicorn thread on a free loopback port."""
+
+    def __init__(self, engine, model_id: str) -> None:
+        import uvicorn
+
+        from .app import AppOptions, create_app
+        from .server import bind
+
+        self.engine = engine
+        self.sock = bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        app = create_app(engine, AppOptions(model_id=model_id))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise SelfspecError("the benchmark's server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.engine.stop(timeout=10)
+        self.sock.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """vLLM's OpenAI server in its own venv on a free loopback port, fp32, the model directory
+    ``model_dir``; ``start`` waits for ``/health`` (or raises :class:`SelfspecError` with the log's tail)."""
+
+    def __init__(self, python: str, model_dir: str, log_path: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--dtype", "float32",
+                    "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "m",
+                    "--max-model-len", "2048", "--gpu-memory-utilization", "0.15"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import httpx
+
+        env = {**os.environ, "HF_HUB_OFFLINE": "1",
+               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))}  # the cores we use
+        env.pop("PYTHONPATH", None)
+        with open(self.log_path, "w") as f:
+            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + VLLM_START_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SelfspecError(f"vLLM's server exited ({self.proc.returncode}): {self.tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise SelfspecError(f"vLLM's server did not start in {VLLM_START_S:.0f} s: {self.tail()}")
+
+    def tail(self) -> str:
+        lines = self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.exists() else []
+        return " | ".join(lines[-3:])[-400:]
+
+    def version(self) -> str:
+        import httpx
+
+        try:
+            return httpx.get(self.url + "/version", timeout=5).json().get("version", "?")
+        except (httpx.HTTPError, ValueError):
+            return "?"
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def transformers_batches(generator, ids: Sequence[list[int]], batch: int, max_new_tokens: int,
+                         clock: Callable[[], float] = time.perf_counter) -> tuple[float, list[list[int]]]:
+    """``generate(do_sample=False)`` of the target's stock fp32 module over left-padded batches of
+    ``batch`` prompts (``ids``), exactly ``max_new_tokens`` each. Returns aggregate tok/s and each
+    prompt's new ids."""
+    import torch
+
+    model, tok = generator.target.base.model, generator.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    device = next(model.parameters()).device
+    out_ids: list[list[int]] = []
+    wall = 0.0
+    for s in range(0, len(ids), batch):
+        group = ids[s:s + batch]
+        width = max(len(x) for x in group)
+        inp = torch.tensor([[pad] * (width - len(x)) + x for x in group], device=device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in group], device=device)
+        with torch.inference_mode():
+            t0 = clock()
+            out = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+            wall += clock() - t0
+        out_ids += [out[i, width:].tolist() for i in range(len(group))]
+    return len(ids) * max_new_tokens / wall, out_ids
+
+
+def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_dir: str | None = None) -> int:
+    """The benchmark (see the module docstring); ``load()`` returns the served generator and
+    ``model_dir`` is its weights' directory (what the vLLM peer loads). Prints the report; 0."""
+    import torch
+
+    from ..decoding.text import encode_prompt
+    from .engine import Engine
+
+    vllm_python = opts.vllm_python or os.environ.get(VLLM_PYTHON_ENV)
+    if "vllm" in opts.peers and not vllm_python:
+        raise SelfspecError("--peers vllm needs the Python of vLLM's own venv: --vllm-python PATH or "
+                            f"${VLLM_PYTHON_ENV} (docs/serving.md says how to install it)")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    g = load()
+    vocab = g.target.model.config.vocab_size
+    ids = [encode_prompt(g.tokenizer, t, True, vocab) for t in opts.prompts]
+    log.info("solo runs of %d prompts", len(ids))
+    solo = [g.generate(x, max_new_tokens=opts.max_new_tokens, ignore_eos=True).token_ids for x in ids]
+    model = g.target.base.model
+    with torch.inference_mode():
+        ref = [model.generate(input_ids=torch.tensor([x], device=next(model.parameters()).device),
+                              max_new_tokens=opts.max_new_tokens, min_new_tokens=opts.max_new_tokens,
+                              do_sample=False)[0, len(x):].tolist() for x in ids]
+    solo_vs_generate = sum(a == b for a, b in zip(solo, ref))
+    solo_text = [g.tokenizer.decode(s, skip_special_tokens=True) for s in solo]
+    rows: list[dict] = []
+    path = opts.out / "concurrency.jsonl"
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+    path.write_text("")
+    engine = Engine(max_queue=max(64, 2 * max(opts.levels)), request_timeout=3600.0, max_batch=opts.max_batch)
+    engine.attach(g)
+    server = InProcessServer(engine, "m")
+    try:
+        drive(server.url + "/v1", "m", opts.prompts[:1], 1, 2)  # warm-up: the first request's one-off costs
+        for c in opts.levels:
+            before = engine.batcher.forwards if engine.batcher is not None else 0
+            r = drive(server.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
+            texts = r.pop("texts")
+            ran = engine.batcher.forwards - before if engine.batcher is not None else 0
+            sizes = list(engine.batcher.sizes)[-ran:] if ran else [1]  # this level's packed forwards
+            record({"contender": f"selfspec {g.method} ({g.kernels})", **r, "max_batch": engine.max_batch,
+                    "mean_batch": round(statistics.mean(sizes), 2) if sizes else 1.0,
+                    "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),
+                    "requests": len(solo_text)})
+    finally:
+        server.stop()
+    if "transformers" in opts.peers:
+        transformers_batches(g, ids[:1], 1, 2)  # warm-up
+        for c in opts.levels:
+            tok_s, out = transformers_batches(g, ids, c, opts.max_new_tokens)
+            record({"contender": "transformers generate, padded batch (stock fp32)", "concurrency": c,
+                    "tok_s": round(tok_s, 2), "identical_to_solo": sum(a == b for a, b in zip(out, solo)),
+                    "requests": len(solo), "failed": []})
+    if "vllm" in opts.peers:
+        vllm = VllmServer(vllm_python, model_dir or "", opts.out / "vllm.log")
+        try:
+            vllm.start()
+            name = f"vLLM CPU {vllm.version()} (fp32, its own server)"
+            for c in opts.levels:
+                r = drive(vllm.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
+                texts = r.pop("texts")
+                record({"contender": name, **r,
+                        "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),
+                        "requests": len(solo_text)})
+        except SelfspecError as e:
+            record({"contender": "vLLM CPU", "concurrency": None, "tok_s": None, "failed": [str(e)]})
+        finally:
+            vllm.stop()
+    report = render(rows, solo_vs_generate, len(solo), opts)
+    (opts.out / "concurrency.md").write_text(report)
+    plot(rows, opts.out / "concurrency.png")
+    print(report)
+    return 0
+
+
+def render(rows: list[dict], solo_vs_generate: int, n: int, opts: ConcurrencyOptions) -> str:
+    """The markdown report: one table row per contender and level, then the identity lines."""
+    from ..core.machine import cpu_flags
+
+    lines = [f"# selfspec bench --concurrency {','.join(map(str, opts.levels))}", "",
+             f"{n} chat prompts x {opts.max_new_tokens} tokens, greedy, EOS ignored; CPU flags: {cpu_flags()}.",
+             f"Solo runs identical to `transformers` `generate(do_sample=False)`: {solo_vs_generate}/{n}.", "",
+             "| contender | clients | tok/s | x 1 client | p50 TTFT s | p95 TTFT s | p50 TPOT ms | p95 TPOT ms "
+             "| mean batch | text = solo |", "|---|---|---|---|---|---|---|---|---|---|"]
+    first: dict[str, float] = {}
+    for r in rows:
+        if r.get("tok_s") is None:
+            continue
+        first.setdefault(r["contender"], r["tok_s"])
+        scale = r["tok_s"] / first[r["contender"]] if first[r["contender"]] else float("nan")
+        lines.append(f"| {r['contender']} | {r['concurrency']} | {r['tok_s']:.1f} | {scale:.2f}x | "
+                     f"{r.get('ttft_p50_s', '-')} | {r.get('ttft_p95_s', '-')} | {r.get('tpot_p50_ms', '-')} | "
+                     f"{r.get('tpot_p95_ms', '-')} | {r.get('mean_batch', '-')} | "
+                     f"{r.get('identical_to_solo', '-')}/{r.get('requests', '-')} |")
+    failed = [r for r in rows if r.get("failed")]
+    if failed:
+        lines += ["", "Failures (no figures: a crash is never a measurement):", ""]
+        lines += [f"- {r['contender']} (clients {r.get('concurrency')}): {'; '.join(r['failed'][:3])}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Throughput and p95 time per output token against concurrency, one line per contender."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("no plot: matplotlib is not installed (pip install 'selfspec[bench]')")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name in dict.fromkeys(r["contender"] for r in rows if r.get("tok_s") is not None):
+        rs = [r for r in rows if r["contender"] == name and r.get("tok_s") is not None]
+        cs = [r["concurrency"] for r in rs]
+        ax1.plot(cs, [r["tok_s"] for r in rs], "o-", label=name)
+        if all("tpot_p95_ms" in r for r in rs):
+            ax2.plot(cs, [r["tpot_p95_ms"] for r in rs], "s-", label=name)
+    ax1.set_xlabel("concurrent clients")
+    ax1.set_ylabel("aggregate tokens/s")
+    ax2.set_xlabel("concurrent clients")
+    ax2.set_ylabel("p95 ms per output token (streamed)")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
