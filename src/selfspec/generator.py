@@ -116,6 +116,7 @@ class SpeculativeGenerator:
         self.last_method: str | None = None  # what the latest request ran on (``method``, unless auto routed it)
         self.recipe = recipe  # (method, options, trust_remote_code): how to build a drafter per batched request
         self.last_batch_sizes: list[int] = []  # requests per packed forward of the latest batch
+        self.last_results: list = []  # each request's result of the latest stream_batch
         self.measure = measure  # False (load(measure=False)): nothing written, the cost correction included
         gc = target.model.generation_config
         eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
@@ -272,16 +273,9 @@ class SpeculativeGenerator:
             max_batch: the most requests in one forward (default: all of them).
             gen_kwargs: :meth:`generate`'s; ``max_new_tokens`` and ``seed`` may also be one per prompt.
         """
-        from .models.batch import Batcher, row_invariant
-
         if not prompts:
             return []
-        per_request = {k: v for k, v in gen_kwargs.items() if k in ("max_new_tokens", "seed")
-                       and isinstance(v, (list, tuple))}
-        for k, v in per_request.items():
-            if len(v) != len(prompts):
-                raise SelfspecError(f"{k} has {len(v)} values for {len(prompts)} prompts; give one, or one per prompt")
-        each = [{**gen_kwargs, **{k: v[i] for k, v in per_request.items()}} for i in range(len(prompts))]
+        each = self._per_request(prompts, gen_kwargs)
         if not self.batchable():
             log.info("%s decodes a batch's prompts one after the other (%s)", self.method,
                      "the compiled backend's static-shape step" if self.target.step is not None
@@ -289,14 +283,59 @@ class SpeculativeGenerator:
                      else "its drafter loads weights of its own" if METHODS[self.recipe[0]].draft_weights
                      else f"{self.target.model.config._attn_implementation} attention takes no packed masks")
             return [self.generate(p, **kw) for p, kw in zip(prompts, each)]
+        results: list = [None] * len(prompts)
+        for _ in self._batch(prompts, each, max_batch, results, streaming=False):
+            pass
+        return results
+
+    def stream_batch(self, prompts: Sequence, max_batch: int | None = None,
+                     **gen_kwargs) -> Iterator[tuple[int, str]]:
+        """:meth:`stream` for several prompts decoded together as in :meth:`generate_batch`:
+        yields ``(prompt index, text piece)`` as each request's tokens are accepted (each prompt's
+        pieces join to its text); ``last_results`` holds every request's result afterwards.
+        Closing the iterator early stops the batch."""
+        if not prompts:
+            return
+        each = self._per_request(prompts, gen_kwargs)
+        self.last_results = [None] * len(prompts)
+        if not self.batchable():
+            for i, (p, kw) in enumerate(zip(prompts, each)):
+                for piece in self.stream(p, **kw):
+                    yield i, piece
+                self.last_results[i] = self.last_result
+            return
+        yield from self._batch(prompts, each, max_batch, self.last_results, streaming=True)
+
+    def _per_request(self, prompts: Sequence, gen_kwargs: dict) -> list[dict]:
+        """Each prompt's keyword arguments (``max_new_tokens`` and ``seed`` may be one per prompt)."""
+        per_request = {k: v for k, v in gen_kwargs.items() if k in ("max_new_tokens", "seed")
+                       and isinstance(v, (list, tuple))}
+        for k, v in per_request.items():
+            if len(v) != len(prompts):
+                raise SelfspecError(f"{k} has {len(v)} values for {len(prompts)} prompts; give one, or one per prompt")
+        return [{**gen_kwargs, **{k: v[i] for k, v in per_request.items()}} for i in range(len(prompts))]
+
+    def _batch(self, prompts: Sequence, each: list[dict], max_batch: int | None, results: list,
+               streaming: bool) -> Iterator[tuple[int, str]]:
+        """Decode ``prompts`` as one continuous batch (see :meth:`generate_batch`), each request's
+        result into ``results``; while ``streaming``, yields ``(index, piece)`` as pieces come."""
+        import queue
+
+        from .models.batch import Batcher, row_invariant
+
         batcher = Batcher(self.target, max_batch or len(prompts))
         gens = [self.sibling(batcher.slot()) for _ in prompts]
-        results: list = [None] * len(prompts)
+        pieces: queue.SimpleQueue = queue.SimpleQueue()
         errors: list[BaseException] = []
 
         def work(i: int) -> None:
             try:
-                results[i] = gens[i].generate(prompts[i], **each[i])
+                if streaming:
+                    for piece in gens[i].stream(prompts[i], **each[i]):
+                        pieces.put((i, piece))
+                    results[i] = gens[i].last_result
+                else:
+                    results[i] = gens[i].generate(prompts[i], **each[i])
             except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
                 errors.append(e)
             finally:
@@ -312,8 +351,15 @@ class SpeculativeGenerator:
                 for t in threads:
                     t.start()
                     started.append(t)
-                batcher.drive()  # every packed forward in this thread, until the last request leaves
-        except BaseException as e:  # interrupted (Ctrl-C) or a thread that did not start: stop the others
+                if not streaming:
+                    batcher.drive()  # every packed forward in this thread, until the last request leaves
+                while streaming:
+                    batcher.step(wait=0.05)  # the packed forwards run in this (the consumer's) thread
+                    while not pieces.empty():
+                        yield pieces.get()
+                    if batcher.active == 0:
+                        break
+        except BaseException as e:  # interrupted (Ctrl-C, the iterator closed) or a thread that did not start
             batcher.abort(e)
             for _ in threads[len(started):]:
                 batcher.leave()
@@ -322,20 +368,27 @@ class SpeculativeGenerator:
             raise
         for t in threads:
             t.join()
+        while not pieces.empty():
+            yield pieces.get()
         if errors:
             raise errors[0]
         invariant = row_invariant(self.kernels)
         for r in results:
             r.batch_invariant = invariant
         self.last_batch_sizes = list(batcher.sizes)
-        return results
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
                stop: str | Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
                include_stop: bool = False) -> Iterator[str]:
         """Yield text pieces as tokens are accepted; ``last_result`` holds the stats afterwards.
-        The pieces join to ``last_result.text`` (a stop string is held back, then dropped)."""
+        The pieces join to ``last_result.text`` (a stop string is held back, then dropped). A list
+        of prompts is :meth:`stream_batch`: ``(prompt index, piece)`` pairs, decoded as one batch."""
+        if is_batch(prompt):
+            yield from self.stream_batch(list(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
+                                         top_p=top_p, top_k=top_k, seed=seed, chat=chat, stop=stop,
+                                         ignore_eos=ignore_eos, sampling=sampling, include_stop=include_stop)
+            return
         for piece, _ in self.stream_steps(prompt, max_new_tokens, temperature, top_p, top_k, seed, chat, stop,
                                           ignore_eos, sampling, include_stop):
             if piece:

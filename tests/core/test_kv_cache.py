@@ -65,7 +65,7 @@ def test_self_test_catches_ignored_mask(monkeypatch):
     """If the 4-D mask were dropped, the self-test must refuse the model."""
     import selfspec.models.adapter as adapter
 
-    monkeypatch.setattr(adapter, "build_mask", lambda base, block, impl, dtype, device: None)
+    monkeypatch.setattr(adapter, "build_mask", lambda base, block, impl, dtype, device, *a: None)
     from selfspec.errors import SelfspecError
 
     with pytest.raises(SelfspecError, match="self-test"):
@@ -83,7 +83,7 @@ def test_half_precision_self_test_passes_and_catches_ignored_mask(dtype, monkeyp
     tree_self_test(model)  # healthy: passes
     import selfspec.models.adapter as adapter
 
-    monkeypatch.setattr(adapter, "build_mask", lambda base, block, impl, dtype, device: None)
+    monkeypatch.setattr(adapter, "build_mask", lambda base, block, impl, dtype, device, *a: None)
     with pytest.raises(SelfspecError, match="ignores the 4-D tree mask"):
         tree_self_test(model)
 

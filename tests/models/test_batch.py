@@ -86,6 +86,25 @@ def test_drafts_are_sized_for_the_batch_except_under_rejection_sampling(base, mo
     assert [r.token_ids for r in out] == solo
 
 
+def test_a_list_streams_as_one_batch(base):
+    """``stream([...])`` decodes the prompts as one batch: ``(index, piece)`` pairs, interleaved,
+    whose pieces join to each prompt's solo text; closing the iterator early stops the batch."""
+    g = selfspec.load(base.runner("int8"), method="pld", kernels="int8", self_test=False)
+    prompts, lengths = requests(8, 3)
+    solo = [g.generate(p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, lengths)]
+    texts, order = ["", "", ""], []
+    for i, piece in g.stream(prompts, max_new_tokens=lengths, ignore_eos=True):
+        texts[i] += piece
+        order.append(i)
+    assert texts == [r.text for r in solo]
+    assert [r.token_ids for r in g.last_results] == [r.token_ids for r in solo]
+    assert max(g.last_batch_sizes) == 3 and set(order) == {0, 1, 2} and order != sorted(order)
+    it = g.stream(prompts, max_new_tokens=40, ignore_eos=True)
+    next(it)
+    it.close()  # the batch stops; its threads are joined
+    assert g.generate(prompts[0], max_new_tokens=4, ignore_eos=True).new_tokens == 4
+
+
 def test_a_kernel_whose_rows_depend_on_the_batch_is_caught(base, monkeypatch):
     """Negative control: logits that move with the number of requests in the forward change some
     request's ids, and the identity check above would fail."""

@@ -22,7 +22,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
 from ..errors import SelfspecError
 
@@ -81,24 +81,33 @@ class PreallocLayer(DynamicLayer):
         self._kbuf = self._vbuf = None
 
 
+def _refuse_unrollable(model_config, layers) -> None:
+    """Refuse caches whose layers keep a state other than keys and values by position (linear
+    attention, recurrent or state-space layers): a rejected draft could not be taken back."""
+    for layer in layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer):
+            family = getattr(model_config, "model_type", "this model")
+            raise SelfspecError(f"{family}: its {type(layer).__name__} cache keeps a state that speculative decoding "
+                                "cannot roll back; selfspec decodes models whose layers are full or sliding-window "
+                                "attention")
+
+
 def new_cache(model_config, capacity: int | None = None) -> DynamicCache | StaticCache:
     """An empty cache for one sequence; refuses cache types that cannot be rolled back.
 
     ``capacity``: a ``StaticCache`` of that many positions (the ``compiled`` backend), else a
-    growing ``DynamicCache`` with preallocated layers."""
+    growing ``DynamicCache`` with preallocated layers. Sliding-window layers get a full layer
+    too: the window is applied in the verify mask (``models.adapter.layer_windows``), so rolling
+    back is the same truncation as under full attention. The cost: a window layer holds every
+    position of the request, not the last ``window`` (the same as a full-attention layer)."""
     if capacity is not None:
         static = StaticCache(config=model_config, max_cache_len=capacity)
-        if any(type(layer) is not StaticLayer for layer in static.layers):
-            raise SelfspecError("this model uses a sliding-window or hybrid cache, which the compiled backend's "
-                                "static cache cannot roll back; use --kernels stock")
+        _refuse_unrollable(model_config, static.layers)
+        static.layers = [layer if type(layer) is StaticLayer else StaticLayer(max_cache_len=capacity)
+                         for layer in static.layers]
         return static
     cache = DynamicCache(config=model_config)
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise SelfspecError(
-                f"this model uses a {type(layer).__name__} cache (sliding-window or hybrid), which "
-                "speculative decoding cannot roll back; use a model with full attention"
-            )
+    _refuse_unrollable(model_config, cache.layers)
     cache.layers = [PreallocLayer() for _ in cache.layers]
     return cache
 

@@ -12,7 +12,7 @@ import torch
 from ..core import kv_cache
 from ..core.attention import decode_attention
 from ..core.timing import interleaved
-from ..models.adapter import build_mask
+from ..models.adapter import attention_masks
 from ..models.compiled_step import MIN_CAPACITY, StaticStep
 from ..models.skipping import SkipSet
 from .vocab import DraftLMHead
@@ -37,8 +37,7 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
     device = next(model.parameters()).device
     t = len(tokens)
     block = torch.ones(t, t, dtype=torch.bool).tril()
-    mask = build_mask(position, block, model.config._attn_implementation, model.dtype, device,
-                      kv_cache.capacity(cache))  # a static cache's (compiled backend), else None
+    mask = attention_masks(model, position, block, None, kv_cache.capacity(cache))  # width: a static cache's, or None
     kwargs = dict(input_ids=torch.tensor([tokens], device=device),
                   position_ids=torch.arange(position, position + t, device=device)[None], attention_mask=mask,
                   **kv_cache.cache_arg(model, cache), use_cache=True)

@@ -82,7 +82,10 @@ def _shared_heads_attention(module: torch.nn.Module, query: torch.Tensor, key: t
     if kwargs.get("softcap") is not None or (plain and (attention_mask is None or not every_masked_block)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    window = kwargs.get(WINDOW) if every_masked_block and attention_mask is not None else None
+    # a sliding-window layer's mask hides old positions too, which the written-positions op would not
+    # read for one token: it attends through the whole mask instead
+    sliding = kwargs.get("sliding_window") is not None
+    window = kwargs.get(WINDOW) if every_masked_block and attention_mask is not None and not sliding else None
     if attention_mask is None:  # causal, aligned to the end of the cache
         attention_mask = torch.ones(t, n, dtype=torch.bool, device=query.device).tril(n - t)[None, None]
     if window is not None:  # the static step's written positions

@@ -389,4 +389,5 @@ def apply(model: nn.Module) -> None:
     rest = [child for _, _, child in linear_layers(model) if id(child) not in grouped]
     if rest:
         swap_linears(model, Int8Linear, only={id(c) for c in rest})
-    use_attention(model, ROWWISE_ATTENTION)
+    if model.config._attn_implementation == "sdpa":  # an eager-only model (Gemma 2's softcap) keeps its own
+        use_attention(model, ROWWISE_ATTENTION)

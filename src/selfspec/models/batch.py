@@ -32,7 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ..core import kv_cache
 from ..core.attention import decode_attention
 from ..errors import SelfspecError
-from .adapter import BOOL_MASK_IMPLS, BlockOutput, build_mask
+from .adapter import BOOL_MASK_IMPLS, FULL, SLIDING, BlockOutput, attention_masks
 
 PACKED_NAME = "selfspec_packed"
 """The attention function of a packed module tree (registered with ``transformers.AttentionInterface``)."""
@@ -79,7 +79,7 @@ class PackedKV:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     rows: list[tuple[int, int]]
-    masks: list[torch.Tensor]
+    masks: list[torch.Tensor | dict[str, torch.Tensor]]  # a dict: one per layer type (full, sliding)
     inner: str
 
 
@@ -87,7 +87,7 @@ class PackedCache(Cache):
     """The cache argument of a packed forward: hands each request's new keys and values to its own
     cache and gives the attention a :class:`PackedKV`. Built for one forward, then dropped."""
 
-    def __init__(self, blocks: Sequence[Block], inner: str, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, blocks: Sequence[Block], inner: str, model: torch.nn.Module) -> None:
         super().__init__(layers=[])
         self.caches = [b.cache for b in blocks]
         self.inner = inner
@@ -96,9 +96,9 @@ class PackedCache(Cache):
         for b in blocks:
             self.rows.append((start, start + b.ids.numel()))
             start += b.ids.numel()
-        self.masks = [build_mask(b.base, b.block_mask if b.block_mask is not None
-                                 else torch.ones(b.ids.numel(), b.ids.numel(), dtype=torch.bool).tril(),
-                                 inner, dtype, device) for b in blocks]
+        self.masks = [attention_masks(model, b.base, b.block_mask if b.block_mask is not None
+                                      else torch.ones(b.ids.numel(), b.ids.numel(), dtype=torch.bool).tril(),
+                                      b.positions, impl=inner) for b in blocks]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args,
                **kwargs) -> tuple[PackedKV, PackedKV]:
@@ -119,9 +119,10 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     """The attention of a packed forward: the runner's own attention function once per request, on
     its rows of ``query [1, H, R, D]`` and its own keys and values. Returns ``[1, R, H, D]``."""
     inner = ALL_ATTENTION_FUNCTIONS[key.inner]
+    kind = SLIDING if kwargs.get("sliding_window") is not None else FULL  # this layer's (models with mixed layers)
     outs = []
     for (r0, r1), k, v, mask in zip(key.rows, key.keys, key.values, key.masks):
-        out, _ = inner(module, query[:, :, r0:r1], k, v, mask, **kwargs)
+        out, _ = inner(module, query[:, :, r0:r1], k, v, mask[kind] if isinstance(mask, dict) else mask, **kwargs)
         outs.append(out)
     return torch.cat(outs, dim=1), None
 
@@ -155,7 +156,7 @@ def packed_forward(model: torch.nn.Module, inner: str, blocks: Sequence[Block]) 
     device = next(model.parameters()).device
     ids = torch.cat([b.ids for b in blocks]).to(device)
     positions = torch.cat([b.positions for b in blocks]).to(device)
-    cache = PackedCache(blocks, inner, model.dtype, device)
+    cache = PackedCache(blocks, inner, model)
     keep: list[int] = []
     spans = []
     for b, (r0, r1) in zip(blocks, cache.rows):

@@ -53,7 +53,7 @@ from ..errors import SelfspecError
 from ..kernels.gqa_attention import STATIC_NAME, WINDOW
 from ..paths import writable_cache_dir
 from . import aot_step
-from .adapter import BlockOutput, build_mask
+from .adapter import BlockOutput, attention_masks, build_mask, has_windows
 
 log = logging.getLogger("selfspec.kernels")
 
@@ -138,12 +138,17 @@ def inductor_cache(directory: str | None) -> Iterator[None]:
 
 
 def padded_mask(base: int, block_mask: torch.Tensor | None, t: int, p: int, width: int, attn_impl: str,
-                dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+                dtype: torch.dtype, device: torch.device, model: torch.nn.Module | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
     """The ``[1, 1, p, width]`` mask of a ``t``-token block padded to ``p`` rows after ``base``
     cached positions: real row i sees the prefix and the block's ``block_mask[i]`` (causal when
-    None); padded row r sees the prefix and itself (:func:`~selfspec.models.adapter.build_mask`)."""
+    None); padded row r sees the prefix and itself (:func:`~selfspec.models.adapter.build_mask`).
+    With ``model``, its layers' sliding windows too, at the padded rows' ``positions [p]``
+    (:func:`~selfspec.models.adapter.attention_masks`: one mask per layer type where they differ)."""
     block = torch.eye(p, dtype=torch.bool)
     block[:t, :t] = block_mask if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
+    if model is not None and has_windows(model):
+        return attention_masks(model, base, block, positions, width)
     return build_mask(base, block, attn_impl, dtype, device, width)
 
 
@@ -329,7 +334,7 @@ class StaticStep:
         device = next(model.parameters()).device
         t = ids.numel()
         mask = padded_mask(0, None, t, t, kv_cache.capacity(cache), model.config._attn_implementation, model.dtype,
-                           device)
+                           device, model)
         out = model(input_ids=ids.to(device)[None], position_ids=torch.arange(t, device=device)[None],
                     attention_mask=mask, **kv_cache.cache_arg(model, cache), use_cache=True,
                     output_hidden_states=want_hidden, logits_to_keep=1, **window_arg(model, t))
@@ -371,7 +376,7 @@ class StaticStep:
         pos_p = torch.full((p,), int(positions[-1]), dtype=torch.long)
         pos_p[:t] = positions.cpu()
         mask = padded_mask(base, block_mask.cpu() if block_mask is not None else None, t, p, width,
-                           model.config._attn_implementation, model.dtype, device)
+                           model.config._attn_implementation, model.dtype, device, model, pos_p)
         shape = (p, width, want_hidden)
         first = self.compile and shape not in self.compile_s
         kwargs = dict(input_ids=ids_p.to(device)[None], position_ids=pos_p.to(device)[None], attention_mask=mask,

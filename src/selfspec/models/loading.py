@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
+from ..core import kv_cache
 from ..errors import SelfspecError
 from ..paths import selfspec_home
 from . import bundled
+from .adapter import layer_windows
 from .runner import LoadedModel, Runner
 
 __all__ = ["DTYPES", "DEVICES", "LoadedModel", "Runner", "load_model", "resolve_device", "resolve_dtype",
@@ -152,7 +154,15 @@ def load_model(
                   use_safetensors=True)
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        except ValueError as e:
+            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(e):
+                raise
+            # an architecture transformers runs only through its eager attention (Gemma 2's logit softcap)
+            log.info("%s: transformers has no sdpa attention for this architecture; it attends through eager "
+                     "attention (one request at a time: batching needs sdpa)", spec)
+            model = AutoModelForCausalLM.from_pretrained(source, **{**kwargs, "attn_implementation": "eager"})
     except OSError as e:
         if path is None:
             raise SelfspecError(
@@ -166,6 +176,8 @@ def load_model(
                 f"{spec} needs custom code from its repository; pass --trust-remote-code if you trust it"
             ) from e
         raise SelfspecError(f"could not load {spec}: {str(e).splitlines()[0]}") from e
+    layer_windows(model.config)  # at load: a layer kind that cannot be rolled back is refused in one line
+    kv_cache.new_cache(model.config)
     model.to(dev).eval()
     model.requires_grad_(False)
     loaded = LoadedModel(model, tok, spec, path)

@@ -31,7 +31,7 @@ from ..core.attention import decode_attention
 from ..core.cost import CostProfile, load_or_measure, profile_key, read_cached
 from ..errors import SelfspecError
 from ..kernels.swap import layer_bytes, share_copy, use_attention
-from .adapter import BlockOutput, forward_block
+from .adapter import BlockOutput, attention_masks, forward_block, has_windows
 from .compiled_step import StaticStep
 
 log = logging.getLogger("selfspec.models")
@@ -266,9 +266,12 @@ class Runner:
         if self.step is not None:
             return self.step.prefill(cache, ids, want_hidden)
         model, device = self.model, self.device
+        mask = None
+        if has_windows(model):  # our attention functions get no mask from transformers: the window in ours
+            mask = attention_masks(model, 0, torch.ones(ids.numel(), ids.numel(), dtype=torch.bool).tril(), None)
         with decode_attention(device):
             out = model(input_ids=ids.to(device)[None], **kv_cache.cache_arg(model, cache), use_cache=True,
-                        output_hidden_states=want_hidden, logits_to_keep=1)
+                        output_hidden_states=want_hidden, logits_to_keep=1, attention_mask=mask)
         hidden = tuple(h[0] for h in out.hidden_states) if want_hidden else None
         return BlockOutput(out.logits[0, -1:].float(), hidden)
 

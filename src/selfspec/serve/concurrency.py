@@ -235,6 +235,17 @@ class VllmServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+def no_eos(model, max_new_tokens: int):
+    """``model``'s greedy generation config of ``max_new_tokens`` with no end-of-sequence id (an
+    empty list: None falls back to the model's): ``generate`` runs past EOS, as a request with
+    ``ignore_eos`` does (``min_new_tokens`` would instead forbid EOS, changing the text)."""
+    import copy
+
+    gc = copy.deepcopy(model.generation_config)
+    gc.eos_token_id, gc.max_new_tokens, gc.do_sample = [], max_new_tokens, False
+    return gc
+
+
 def transformers_batches(generator, ids: Sequence[list[int]], batch: int, max_new_tokens: int,
                          clock: Callable[[], float] = time.perf_counter) -> tuple[float, list[list[int]]]:
     """``generate(do_sample=False)`` of the target's stock fp32 module over left-padded batches of
@@ -254,8 +265,8 @@ def transformers_batches(generator, ids: Sequence[list[int]], batch: int, max_ne
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in group], device=device)
         with torch.inference_mode():
             t0 = clock()
-            out = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                 min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+            out = model.generate(input_ids=inp, attention_mask=mask, pad_token_id=pad,
+                                 generation_config=no_eos(model, max_new_tokens))
             wall += clock() - t0
         out_ids += [out[i, width:].tolist() for i in range(len(group))]
     return len(ids) * max_new_tokens / wall, out_ids
@@ -282,8 +293,7 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
     model = g.target.base.model
     with torch.inference_mode():
         ref = [model.generate(input_ids=torch.tensor([x], device=next(model.parameters()).device),
-                              max_new_tokens=opts.max_new_tokens, min_new_tokens=opts.max_new_tokens,
-                              do_sample=False)[0, len(x):].tolist() for x in ids]
+                              generation_config=no_eos(model, opts.max_new_tokens))[0, len(x):].tolist() for x in ids]
     solo_vs_generate = sum(a == b for a, b in zip(solo, ref))
     solo_text = [g.tokenizer.decode(s, skip_special_tokens=True) for s in solo]
     rows: list[dict] = []
@@ -307,7 +317,8 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
             texts = r.pop("texts")
             ran = engine.batcher.forwards - before if engine.batcher is not None else 0
             sizes = list(engine.batcher.sizes)[-ran:] if ran else [1]  # this level's packed forwards
-            record({"contender": f"selfspec {g.method} ({g.kernels})", **r, "max_batch": engine.max_batch,
+            name = f"selfspec {g.method}" + ("" if "@" in g.method else f"@{g.kernels}")
+            record({"contender": name, **r, "max_batch": engine.max_batch,
                     "mean_batch": round(statistics.mean(sizes), 2) if sizes else 1.0,
                     "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),
                     "requests": len(solo_text)})
@@ -379,12 +390,14 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name in dict.fromkeys(r["contender"] for r in rows if r.get("tok_s") is not None):
+    names = dict.fromkeys(r["contender"] for r in rows if r.get("tok_s") is not None)
+    for i, name in enumerate(names):
         rs = [r for r in rows if r["contender"] == name and r.get("tok_s") is not None]
         cs = [r["concurrency"] for r in rs]
-        ax1.plot(cs, [r["tok_s"] for r in rs], "o-", label=name)
+        color = f"C{i}"  # one colour per contender in both panels
+        ax1.plot(cs, [r["tok_s"] for r in rs], "o-", color=color, label=name)
         if all("tpot_p95_ms" in r for r in rs):
-            ax2.plot(cs, [r["tpot_p95_ms"] for r in rs], "s-", label=name)
+            ax2.plot(cs, [r["tpot_p95_ms"] for r in rs], "s-", color=color, label=name)
     ax1.set_xlabel("concurrent clients")
     ax1.set_ylabel("aggregate tokens/s")
     ax2.set_xlabel("concurrent clients")

@@ -1,0 +1,70 @@
+"""``selfspec bench --concurrency`` (serve/concurrency.py) on the tiny chat model: the server
+driven by the OpenAI client at two concurrencies, every request's text its solo run's, the
+transformers peer beside it, a vLLM that cannot start reported as failed (never as a figure)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import selfspec
+from selfspec.errors import SelfspecError
+from selfspec.serve.concurrency import ConcurrencyOptions, parse_levels, percentile, run_concurrency
+
+PROMPTS = ("w5 w6", "w7", "w8 w9 w5", "w6 w6 w7 w8")
+
+
+def test_levels_and_percentiles():
+    assert parse_levels("1,2, 4,8") == (1, 2, 4, 8)
+    for bad in ("", "0,2", "a", "1,-2"):
+        with pytest.raises(SelfspecError, match="--concurrency"):
+            parse_levels(bad)
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([1.0, 9.0], 0.95) == 9.0
+
+
+def test_the_server_under_concurrent_clients(chat_dir, tmp_path, capsys):
+    opts = ConcurrencyOptions(levels=(1, 3), prompts=PROMPTS, max_new_tokens=6, peers=("transformers",), out=tmp_path)
+    assert run_concurrency(opts, lambda: selfspec.load(str(chat_dir), "pld", kernels="int8", self_test=False)) == 0
+    rows = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
+    ours = [r for r in rows if r["contender"].startswith("selfspec pld@int8")]
+    assert [r["concurrency"] for r in ours] == [1, 3]
+    assert all(r["identical_to_solo"] == r["requests"] == len(PROMPTS) and not r["failed"] for r in ours)
+    assert ours[0]["mean_batch"] == 1.0 and ours[1]["mean_batch"] > 1.0  # three clients did share forwards
+    assert all(r["tok_s"] > 0 and r["tpot_p95_ms"] >= r["tpot_p50_ms"] for r in ours)
+    peer = [r for r in rows if r["contender"].startswith("transformers")]
+    assert [r["concurrency"] for r in peer] == [1, 3] and all(r["tok_s"] > 0 for r in peer)
+    report = (tmp_path / "concurrency.md").read_text()
+    assert f"`generate(do_sample=False)`: {len(PROMPTS)}/{len(PROMPTS)}" in report
+    assert (tmp_path / "concurrency.png").stat().st_size > 0 and report in capsys.readouterr().out
+
+
+def test_a_vllm_that_cannot_start_is_a_failure_not_a_figure(chat_dir, tmp_path):
+    """Our own Python has no vLLM: its server exits at once, and the report says so."""
+    opts = ConcurrencyOptions(levels=(1,), prompts=PROMPTS[:2], max_new_tokens=3, peers=("vllm",),
+                              vllm_python=sys.executable, out=tmp_path)
+    run_concurrency(opts, lambda: selfspec.load(str(chat_dir), "ar", self_test=False), model_dir=str(chat_dir))
+    rows = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
+    failed = [r for r in rows if r["contender"] == "vLLM CPU"]
+    assert len(failed) == 1 and failed[0]["tok_s"] is None and "exited" in failed[0]["failed"][0]
+    assert "Failures (no figures" in (tmp_path / "concurrency.md").read_text()
+
+
+def test_vllm_without_its_python_is_a_one_line_error(chat_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("SELFSPEC_VLLM_PYTHON", raising=False)
+    opts = ConcurrencyOptions(levels=(1,), prompts=PROMPTS, peers=("vllm",), out=tmp_path)
+    with pytest.raises(SelfspecError, match="--vllm-python"):
+        run_concurrency(opts, lambda: pytest.fail("loaded before the options were checked"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--concurrency", "0"], "--concurrency takes"),
+    (["--concurrency", "2", "--peers", "llama.cpp"], "--concurrency's peers"),
+    (["--concurrency", "2", "--methods", "ar,pld"], "serves one method"),
+])
+def test_cli_refuses_bad_concurrency_options(argv, message, capsys):
+    from selfspec.cli import main
+
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
