@@ -8,11 +8,14 @@ import json
 import sys
 
 import pytest
+import torch
 
 import selfspec
 from selfspec.errors import SelfspecError
+from selfspec.kernels.onednn import available as onednn_available
 from selfspec.serve.concurrency import ConcurrencyOptions, parse_levels, percentile, run_concurrency
 
+NO_ONEDNN = onednn_available(torch.device("cpu"), torch.float32)
 PROMPTS = ("w5 w6", "w7", "w8 w9 w5", "w6 w6 w7 w8")
 
 
@@ -24,11 +27,13 @@ def test_levels_and_percentiles():
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([1.0, 9.0], 0.95) == 9.0
 
 
+@pytest.mark.skipif(NO_ONEDNN is not None, reason=str(NO_ONEDNN))
 def test_the_server_under_concurrent_clients(chat_dir, tmp_path, capsys):
+    """fp32 on a row-invariant backend (oneDNN): every request is its solo run, which is generate's."""
     opts = ConcurrencyOptions(levels=(1, 3), prompts=PROMPTS, max_new_tokens=6, peers=("transformers",), out=tmp_path)
-    assert run_concurrency(opts, lambda: selfspec.load(str(chat_dir), "pld", kernels="int8", self_test=False)) == 0
+    assert run_concurrency(opts, lambda: selfspec.load(str(chat_dir), "pld", kernels="onednn", self_test=False)) == 0
     rows = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
-    ours = [r for r in rows if r["contender"].startswith("selfspec pld@int8")]
+    ours = [r for r in rows if r["contender"].startswith("selfspec pld@onednn")]
     assert [r["concurrency"] for r in ours] == [1, 3]
     assert all(r["identical_to_solo"] == r["requests"] == len(PROMPTS) and not r["failed"] for r in ours)
     assert ours[0]["mean_batch"] == 1.0 and ours[1]["mean_batch"] > 1.0  # three clients did share forwards
@@ -61,7 +66,7 @@ def test_vllm_without_its_python_is_a_one_line_error(chat_dir, tmp_path, monkeyp
 @pytest.mark.parametrize("argv, message", [
     (["--concurrency", "0"], "--concurrency takes"),
     (["--concurrency", "2", "--peers", "llama.cpp"], "--concurrency's peers"),
-    (["--concurrency", "2", "--methods", "ar,pld"], "serves one method"),
+    (["--concurrency", "2", "--methods", "ar,self-spec"], "serves one method"),
 ])
 def test_cli_refuses_bad_concurrency_options(argv, message, capsys):
     from selfspec.cli import main
