@@ -100,6 +100,43 @@ def test_models_list(capsys):
     assert code == 0 and "smollm2-135m-instruct" in out
 
 
+def test_converted_models_are_listed_with_their_size_and_removed(capsys, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    d = tmp_path / "models" / "gguf-mymodel-0123456789abcdef"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(b"x" * 3 * 2**20)
+    (d / "selfspec-manifest.json").write_text(json.dumps({"source": {"gguf": "/data/mymodel.gguf"}}))
+    code, out, err = run(capsys, "models", "list")
+    assert code == 0 and "gguf-mymodel-0123456789abcdef" in out and "0.00 GiB" in out and "/data/mymodel.gguf" in out
+    code, out, err = run(capsys, "models", "rm", "nope")
+    assert code == 2 and "no model 'nope' in the cache" in err
+    code, out, err = run(capsys, "models", "rm", "gguf-mymodel-0123456789abcdef")
+    assert code == 0 and "removed" in out and not d.exists()
+    assert "gguf-mymodel" not in run(capsys, "models", "list")[1]
+
+
+def test_a_hybrid_gguf_is_refused_before_its_conversion(tmp_path, monkeypatch):
+    """A GGUF whose layers keep a recurrent state is refused from its metadata, not after minutes of
+    conversion (which this test forbids)."""
+    from types import SimpleNamespace
+
+    import selfspec.models.bundled as bundled
+    import selfspec.models.loading as loading
+    from selfspec.errors import SelfspecError
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path / "home"))
+    gguf = tmp_path / "hybrid.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 64)
+    cfg = SimpleNamespace(model_type="qwen3_next", sliding_window=None, num_hidden_layers=2,
+                          layer_types=["linear_attention", "full_attention"])
+    monkeypatch.setattr(loading, "gguf_config", lambda path: cfg)
+    monkeypatch.setattr(bundled, "convert_gguf", lambda *a: pytest.fail("converted before refusing"))
+    with pytest.raises(SelfspecError, match="qwen3_next: its 'linear_attention' layers"):
+        loading.resolve_path(str(gguf))
+
+
 def test_profile_command(capsys, tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
     code, out, err = run(capsys, "profile", "--model", str(tiny_dir), "--max-q", "4", "--reps", "1")

@@ -69,10 +69,37 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def _gguf_cache_dir(path: Path) -> Path:
+def gguf_cache_dir(path: Path) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     return selfspec_home() / "models" / f"gguf-{path.stem}-{key}"
+
+
+def gguf_config(path: Path):
+    """The transformers config of a GGUF file, read from its metadata (no weights), or None where
+    transformers cannot read it (the conversion then says why)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (ValueError, KeyError, NotImplementedError, OSError):
+        return None
+
+
+def check_decodable(config) -> None:
+    """Refuse, in one line naming the family, a model whose layers keep a state a rejected draft
+    could not be taken back from (recurrent, linear or chunked attention); None: nothing to check."""
+    if config is None:
+        return
+    layer_windows(config)
+    kv_cache.new_cache(config)
+
+
+def converted_models() -> list[tuple[Path, int]]:
+    """The GGUF files converted into the cache (``$SELFSPEC_HOME/models/gguf-*``) and their sizes in bytes."""
+    root = selfspec_home() / "models"
+    dirs = sorted(root.glob("gguf-*")) if root.is_dir() else []
+    return [(d, sum(f.stat().st_size for f in d.rglob("*") if f.is_file())) for d in dirs if d.is_dir()]
 
 
 def resolve_path(spec: str) -> tuple[Path | None, str]:
@@ -88,9 +115,10 @@ def resolve_path(spec: str) -> tuple[Path | None, str]:
         if not p.is_file():
             raise SelfspecError(f"GGUF file not found: {spec}")
         bundled.check_gguf(p)
-        out = _gguf_cache_dir(p)
+        out = gguf_cache_dir(p)
         if out.is_dir() and bundled.verify_manifest(out) is None:
             return out, ""
+        check_decodable(gguf_config(p))  # refused before a conversion of minutes and gigabytes
         with bundled.build_lock(out):
             if not (out.is_dir() and bundled.verify_manifest(out) is None):  # else: built while we waited
                 bundled.convert_gguf(p, out, {"gguf": str(p.resolve())})
@@ -176,8 +204,7 @@ def load_model(
                 f"{spec} needs custom code from its repository; pass --trust-remote-code if you trust it"
             ) from e
         raise SelfspecError(f"could not load {spec}: {str(e).splitlines()[0]}") from e
-    layer_windows(model.config)  # at load: a layer kind that cannot be rolled back is refused in one line
-    kv_cache.new_cache(model.config)
+    check_decodable(model.config)  # at load: a layer kind that cannot be rolled back is refused in one line
     model.to(dev).eval()
     model.requires_grad_(False)
     loaded = LoadedModel(model, tok, spec, path)
