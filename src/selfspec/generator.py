@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -23,6 +22,7 @@ from .decoding.loop import run
 from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
 from .errors import SelfspecError
+from .models.batch_run import is_batch, per_request
 from .models.compiled_step import MIN_CAPACITY
 from .models.runner import Runner
 from .registry import METHODS, BuildContext, method_config
@@ -275,7 +275,7 @@ class SpeculativeGenerator:
         """
         if not prompts:
             return []
-        each = self._per_request(prompts, gen_kwargs)
+        each = per_request(len(prompts), gen_kwargs)
         if not self.batchable():
             log.info("%s decodes a batch's prompts one after the other (%s)", self.method,
                      "the compiled backend's static-shape step" if self.target.step is not None
@@ -296,7 +296,7 @@ class SpeculativeGenerator:
         Closing the iterator early stops the batch."""
         if not prompts:
             return
-        each = self._per_request(prompts, gen_kwargs)
+        each = per_request(len(prompts), gen_kwargs)
         self.last_results = [None] * len(prompts)
         if not self.batchable():
             for i, (p, kw) in enumerate(zip(prompts, each)):
@@ -306,72 +306,27 @@ class SpeculativeGenerator:
             return
         yield from self._batch(prompts, each, max_batch, self.last_results, streaming=True)
 
-    def _per_request(self, prompts: Sequence, gen_kwargs: dict) -> list[dict]:
-        """Each prompt's keyword arguments (``max_new_tokens`` and ``seed`` may be one per prompt)."""
-        per_request = {k: v for k, v in gen_kwargs.items() if k in ("max_new_tokens", "seed")
-                       and isinstance(v, (list, tuple))}
-        for k, v in per_request.items():
-            if len(v) != len(prompts):
-                raise SelfspecError(f"{k} has {len(v)} values for {len(prompts)} prompts; give one, or one per prompt")
-        return [{**gen_kwargs, **{k: v[i] for k, v in per_request.items()}} for i in range(len(prompts))]
-
     def _batch(self, prompts: Sequence, each: list[dict], max_batch: int | None, results: list,
                streaming: bool) -> Iterator[tuple[int, str]]:
         """Decode ``prompts`` as one continuous batch (see :meth:`generate_batch`), each request's
         result into ``results``; while ``streaming``, yields ``(index, piece)`` as pieces come."""
-        import queue
-
         from .models.batch import Batcher, row_invariant
+        from .models.batch_run import run_batch
 
         batcher = Batcher(self.target, max_batch or len(prompts))
         gens = [self.sibling(batcher.slot()) for _ in prompts]
-        pieces: queue.SimpleQueue = queue.SimpleQueue()
-        errors: list[BaseException] = []
 
-        def work(i: int) -> None:
-            try:
-                if streaming:
-                    for piece in gens[i].stream(prompts[i], **each[i]):
-                        pieces.put((i, piece))
-                    results[i] = gens[i].last_result
-                else:
-                    results[i] = gens[i].generate(prompts[i], **each[i])
-            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
-                errors.append(e)
-            finally:
-                batcher.leave()
+        def request(i: int):
+            def work(emit):
+                if emit is None:
+                    return gens[i].generate(prompts[i], **each[i])
+                for piece in gens[i].stream(prompts[i], **each[i]):
+                    emit(piece)
+                return gens[i].last_result
+            return work
 
-        threads = [threading.Thread(target=work, args=(i,), name=f"selfspec-batch-{i}", daemon=True)
-                   for i in range(len(prompts))]
-        started = []
-        for _ in threads:
-            batcher.join()  # all of them before any forward: the first packed forward waits for every prompt
-        try:
-            with torch_threads(self.threads):
-                for t in threads:
-                    t.start()
-                    started.append(t)
-                if not streaming:
-                    batcher.drive()  # every packed forward in this thread, until the last request leaves
-                while streaming:
-                    batcher.step(wait=0.05)  # the packed forwards run in this (the consumer's) thread
-                    while not pieces.empty():
-                        yield pieces.get()
-                    if batcher.active == 0:
-                        break
-        except BaseException as e:  # interrupted (Ctrl-C, the iterator closed) or a thread that did not start
-            batcher.abort(e)
-            for _ in threads[len(started):]:
-                batcher.leave()
-            for t in started:
-                t.join()
-            raise
-        for t in threads:
-            t.join()
-        while not pieces.empty():
-            yield pieces.get()
-        if errors:
-            raise errors[0]
+        with torch_threads(self.threads):
+            yield from run_batch(batcher, [request(i) for i in range(len(prompts))], results, streaming)
         invariant = row_invariant(self.kernels)
         for r in results:
             r.batch_invariant = invariant
@@ -412,13 +367,6 @@ class SpeculativeGenerator:
             if state.done:
                 piece += text.flush(stopped=state.finish_reason == "stop")
             yield piece, new
-
-
-def is_batch(prompt) -> bool:
-    """Whether ``prompt`` is several prompts: a list of texts, of token-id lists or of conversations
-    (a list of ids, or of ``{"role", "content"}`` messages, is one prompt)."""
-    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
-            and all(isinstance(p, str) or (isinstance(p, (list, tuple)) and not isinstance(p, str)) for p in prompt))
 
 
 def build_drafter(target: Runner, method: str, options: dict, trust_remote_code: bool,

@@ -108,6 +108,21 @@ def attention_masks(model: torch.nn.Module, base: int, block_mask: torch.Tensor,
             SLIDING: build_mask(base, block_mask, impl, dtype, device, width, positions, window)}
 
 
+def padded_mask(base: int, block_mask: torch.Tensor | None, t: int, p: int, width: int, attn_impl: str,
+                dtype: torch.dtype, device: torch.device, model: torch.nn.Module | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The ``[1, 1, p, width]`` mask of a ``t``-token block padded to ``p`` rows after ``base``
+    cached positions: real row i sees the prefix and the block's ``block_mask[i]`` (causal when
+    None); padded row r sees the prefix and itself (:func:`~selfspec.models.adapter.build_mask`).
+    With ``model``, its layers' sliding windows too, at the padded rows' ``positions [p]``
+    (:func:`~selfspec.models.adapter.attention_masks`: one mask per layer type where they differ)."""
+    block = torch.eye(p, dtype=torch.bool)
+    block[:t, :t] = block_mask if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
+    if model is not None and has_windows(model):
+        return attention_masks(model, base, block, positions, width)
+    return build_mask(base, block, attn_impl, dtype, device, width)
+
+
 def has_windows(model: torch.nn.Module) -> bool:
     """Whether any layer of ``model`` attends through a sliding window."""
     return any(w is not None for w in layer_windows(model.config))

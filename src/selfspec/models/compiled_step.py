@@ -53,7 +53,7 @@ from ..errors import SelfspecError
 from ..kernels.gqa_attention import STATIC_NAME, WINDOW
 from ..paths import writable_cache_dir
 from . import aot_step
-from .adapter import BlockOutput, attention_masks, build_mask, has_windows
+from .adapter import BlockOutput, padded_mask
 
 log = logging.getLogger("selfspec.kernels")
 
@@ -135,21 +135,6 @@ def inductor_cache(directory: str | None) -> Iterator[None]:
             os.environ.pop(INDUCTOR_DIR, None)
         else:
             os.environ[INDUCTOR_DIR] = before
-
-
-def padded_mask(base: int, block_mask: torch.Tensor | None, t: int, p: int, width: int, attn_impl: str,
-                dtype: torch.dtype, device: torch.device, model: torch.nn.Module | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
-    """The ``[1, 1, p, width]`` mask of a ``t``-token block padded to ``p`` rows after ``base``
-    cached positions: real row i sees the prefix and the block's ``block_mask[i]`` (causal when
-    None); padded row r sees the prefix and itself (:func:`~selfspec.models.adapter.build_mask`).
-    With ``model``, its layers' sliding windows too, at the padded rows' ``positions [p]``
-    (:func:`~selfspec.models.adapter.attention_masks`: one mask per layer type where they differ)."""
-    block = torch.eye(p, dtype=torch.bool)
-    block[:t, :t] = block_mask if block_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
-    if model is not None and has_windows(model):
-        return attention_masks(model, base, block, positions, width)
-    return build_mask(base, block, attn_impl, dtype, device, width)
 
 
 def window_arg(model: torch.nn.Module, written: int) -> dict[str, torch.Tensor]:
