@@ -81,7 +81,8 @@ def family(request, tmp_path_factory):
     gc.eos_token_id, gc.max_new_tokens, gc.do_sample = [], 20, False  # past EOS, as ignore_eos decodes
     with torch.inference_mode():  # (min_new_tokens would forbid EOS instead, changing the text)
         for p in prompts:
-            out = model.generate(torch.tensor([p]), generation_config=gc)
+            out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 generation_config=gc)
             refs.append(out[0, len(p):].tolist())
     return request.param, runner, prompts, refs
 

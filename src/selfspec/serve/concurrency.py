@@ -189,7 +189,11 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
     solo = [g.generate(x, max_new_tokens=opts.max_new_tokens, ignore_eos=True).token_ids for x in ids]
     model = g.target.base.model
     with torch.inference_mode():
-        ref = [model.generate(input_ids=torch.tensor([x], device=next(model.parameters()).device),
+        # an explicit mask: without one, generate infers it from the pad id, which masks a chat prompt's
+        # turn-end tokens where the pad id is the end-of-turn id (SmolLM2) and EOS is no longer it
+        dev = next(model.parameters()).device
+        ref = [model.generate(input_ids=torch.tensor([x], device=dev),
+                              attention_mask=torch.ones(1, len(x), dtype=torch.long, device=dev),
                               generation_config=no_eos(model, opts.max_new_tokens))[0, len(x):].tolist() for x in ids]
     solo_vs_generate = sum(a == b for a, b in zip(solo, ref))
     solo_text = [g.tokenizer.decode(s, skip_special_tokens=True) for s in solo]
