@@ -8,11 +8,12 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from selfspec.serve.concurrency import InProcessServer
 
 from ..conftest import save_tiny
 
@@ -35,33 +36,8 @@ def chat_dir(tmp_path_factory) -> Path:
     return path
 
 
-class Running:
-    """A uvicorn server in a thread: ``url``, its ``engine``, ``stop()``."""
-
-    def __init__(self, engine, options) -> None:
-        import uvicorn
-
-        from selfspec.serve.app import create_app
-        from selfspec.serve.server import bind
-
-        self.engine = engine
-        self.sock = bind("127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(engine, options), log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            if time.time() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.engine.stop(timeout=10)
-        self.sock.close()
+class Running(InProcessServer):
+    """A uvicorn server in a thread (the bench's :class:`InProcessServer`): ``url``, its ``engine``, ``stop()``."""
 
 
 class Process:

@@ -143,16 +143,16 @@ def drive(base_url: str, model: str, prompts: Sequence[str], clients: int, max_n
 class InProcessServer:
     """The app of ``selfspec serve`` over ``engine`` in a uvicorn thread on a free loopback port."""
 
-    def __init__(self, engine, model_id: str) -> None:
+    def __init__(self, engine, options) -> None:
         import uvicorn
 
-        from .app import AppOptions, create_app
+        from .app import create_app
         from .server import bind
 
         self.engine = engine
         self.sock = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        app = create_app(engine, AppOptions(model_id=model_id))
+        app = create_app(engine, options)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
@@ -209,7 +209,9 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
     path.write_text("")
     engine = Engine(max_queue=max(64, 2 * max(opts.levels)), request_timeout=3600.0, max_batch=opts.max_batch)
     engine.attach(g)
-    server = InProcessServer(engine, "m")
+    from .app import AppOptions
+
+    server = InProcessServer(engine, AppOptions(model_id="m"))
     try:
         drive(server.url + "/v1", "m", opts.prompts[:1], 1, 2)  # warm-up: the first request's one-off costs
         for c in opts.levels:
