@@ -70,7 +70,7 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     was accepted), but floating point can still land there, so it must not produce NaN.
     """
     r = (p - q).clamp_min(0.0)
-    s = r.sum(dim=-1, keepdim=True)
+    s = r.cumsum(dim=-1)[..., -1:]  # a serial scan: the same sum on any number of threads (a batch's request threads)
     return torch.where(s > 0, r / s.clamp_min(torch.finfo(r.dtype).tiny), p)  # on the device: no host read
 
 

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from ..errors import SelfspecError
-from .batch import Batcher
+from .batch import Batcher, request_thread
 
 Work = Callable[[Callable[[str], None] | None], object]
 """One request: called with ``emit`` (None: not streaming), it decodes and returns its result,
@@ -26,6 +26,7 @@ def run_batch(batcher: Batcher, works: Sequence[Work], results: list, streaming:
     errors: list[BaseException] = []
 
     def run(i: int) -> None:
+        request_thread()
         try:
             results[i] = works[i]((lambda piece: pieces.put((i, piece))) if streaming else None)
         except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below

@@ -274,6 +274,8 @@ class Engine:
         """Decode ``job`` in the batch: a thread of its own, with a drafter of its own. Where that
         cannot start (the drafter's build failed, no thread), the job is answered with the error
         and the batch goes on without it."""
+        from ..models.batch import request_thread
+
         b = self.batcher
         joined = False
         try:
@@ -285,6 +287,7 @@ class Engine:
             joined = True
 
             def run() -> None:
+                request_thread()  # its small ops on one torch thread: the forwards' pool keeps the cores
                 try:
                     self._serve(job, g)
                 finally:
