@@ -25,6 +25,9 @@ def run(args: argparse.Namespace) -> int:
     setup(args)
     g = load_generator(args, args.method)
     kw = gen_kwargs(args)
+    if kw["chat"] and g.target.tokenizer is not None and not getattr(g.target.tokenizer, "chat_template", None):
+        print(f"selfspec: {g.target.name} has no chat template (a base model): the prompt is continued as plain "
+              "text; pass --no-chat to say so", file=sys.stderr)
     if args.json:
         r = g.generate(args.prompt, **kw)
         print(json.dumps(r.to_dict()))

