@@ -563,3 +563,15 @@ def test_generate_with_no_measure_writes_nothing(tiny_dir, tmp_path, monkeypatch
                  "--method", "pld", "w1 w2 w1 w2"]) == 0
     assert "[pld" in capsys.readouterr().err
     assert not home.exists() or not any(p.is_file() for p in home.rglob("*"))
+
+
+def test_a_model_without_chat_template_says_so_and_suggests_no_chat(capsys, tiny_dir):
+    """A base model (no chat template) continues the prompt as text; generate says so in one
+    line naming --no-chat, and says nothing once --no-chat is given."""
+    common = ["--model", str(tiny_dir), "--method", "ar", "--kernels", "stock", "--max-new-tokens", "4", "w1 w2"]
+    code, out, err = run(capsys, "generate", *common)
+    assert code == 0 and out.strip()
+    notes = [line for line in err.splitlines() if "no chat template" in line]
+    assert len(notes) == 1 and "--no-chat" in notes[0], err
+    code, out2, err = run(capsys, "generate", "--no-chat", *common)
+    assert code == 0 and out2 == out and "no chat template" not in err

