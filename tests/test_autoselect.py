@@ -207,9 +207,31 @@ def test_candidates_come_from_the_registry(tiny):
     labels = [c.label for c in cands]
     assert labels[:2] == ["ar@stock", "ar@onednn"]  # the reference first, on every kernels
     assert {"pld@stock", "msn@onednn", "jacobi@stock"} <= set(labels)
-    assert not any(c.method in ("self-spec", "eagle2", "sdsat", "draft-model", "sdsat-lossy") for c in cands)
+    assert not any(c.method in ("eagle2", "sdsat", "draft-model", "sdsat-lossy") for c in cands)
+    # no skip config for the tiny model: self-spec runs as the int8 self-draft (nothing skipped), only
+    selfs = [c for c in cands if c.method == "self-spec"]
+    assert [c.label for c in selfs] == ["self-spec@stock, draft int8", "self-spec@onednn, draft int8"]
+    assert all(c.options == {"skip_attention": (), "skip_mlp": (), "draft_kernels": "int8"} for c in selfs)
+    no_int8 = autoselect.candidates(tiny, METHODS.values(), ["stock"], AutoContext(draft_precisions=("same",)))
+    assert not any(c.method == "self-spec" for c in no_int8)
     with_draft = autoselect.candidates(tiny, METHODS.values(), ["stock"], AutoContext(draft_model="some-draft"))
     assert Candidate("draft-model", {"draft_model": "some-draft"}, "stock") in with_draft
+
+
+def test_a_tuned_skip_config_replaces_the_int8_self_draft(tiny, tmp_path, monkeypatch):
+    """Your own model: the int8 self-draft until ``selfspec tune`` has written a skip config to
+    the home, then the tuned config, on each draft precision (the next load reads it)."""
+    from selfspec.drafters.skip_config import SkipConfig, config_hash, user_config_path
+
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    ctx = AutoContext(draft_precisions=("same", "int8"))
+    before = [c for c in autoselect.candidates(tiny, METHODS.values(), ["stock"], ctx) if c.method == "self-spec"]
+    assert [c.precision for c in before] == ["int8"] and before[0].options["skip_mlp"] == ()
+    SkipConfig(model=tiny.name, config_hash=config_hash(tiny.model), num_layers=3, skip_attention=(1,),
+               skip_mlp=()).save(user_config_path(tiny.name))
+    after = [c for c in autoselect.candidates(tiny, METHODS.values(), ["stock"], ctx) if c.method == "self-spec"]
+    assert [(c.precision, c.options) for c in after] == [("same", {"draft_kernels": "same"}),
+                                                         ("int8", {"draft_kernels": "int8"})]
 
 
 def test_draft_precisions_are_part_of_the_cross_product(tiny):
@@ -372,8 +394,8 @@ def test_user_kernels_fix_the_kernels_and_a_user_method_fixes_the_method(tiny_di
     seen = spy_on_choose(monkeypatch)
     target = load_model(str(tiny_dir), kernels="stock")
     g = selfspec.load(target, method="auto", kernels="stock", self_test=False)
-    assert all(label.endswith("@stock") for label in seen[-1]) and "ar@stock" in seen[-1]
-    assert g.method.startswith("auto→") and g.method.endswith("@stock") and g.kernels == "stock"
+    assert all(label.split(",")[0].endswith("@stock") for label in seen[-1]) and "ar@stock" in seen[-1]
+    assert g.method.startswith("auto→") and g.method.split(",")[0].endswith("@stock") and g.kernels == "stock"
     g = selfspec.load(target, method="pld", kernels="auto", self_test=False, k=3)
     assert seen[-1] == [f"pld@{k}" for k in fp32_kernels(target.model)]  # only kernels, for pld
     assert g.method == "pld" and g.drafter is not None

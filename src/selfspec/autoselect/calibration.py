@@ -132,7 +132,9 @@ def candidates(target: Runner, specs: Iterable[MethodSpec], kernels: Sequence[st
         if options is None:
             continue
         variants = [(dict(options), "")]
-        if spec.auto.precision_option:
+        if spec.auto.precision_option and spec.auto.precision_option in options:  # the candidacy fixed it
+            variants = [(dict(options), str(options[spec.auto.precision_option]))]
+        elif spec.auto.precision_option:
             variants = [({**options, spec.auto.precision_option: p}, p) for p in spec.auto.precisions
                         if p in ("", "same") or p in usable]
         for k in kernels:

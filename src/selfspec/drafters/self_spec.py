@@ -286,14 +286,26 @@ def build(spec: MethodSpec, target, cfg: SelfSpecConfig, ctx: BuildContext) -> S
     return drafter
 
 
-def _has_skip_config(name: str, target, ctx: AutoContext) -> dict | None:
+INT8_SELF_DRAFT = {"skip_attention": (), "skip_mlp": (), "draft_kernels": "int8"}
+"""``self-spec``'s options where the model has no skip config: the whole model in int8 drafts
+(nothing skipped), so a model with no shipped or tuned artefact still has a self-draft."""
+
+
+def _auto_options(name: str, target, ctx: AutoContext) -> dict | None:
+    """``auto``'s candidacy: the tuned skip config where there is one (drafts on each precision),
+    else the int8 self-draft (:data:`INT8_SELF_DRAFT`) where int8 kernels run here."""
+    from ..kernels.switch import draft_precisions
+
     try:
-        return {} if find(target.name, target.model, "") is not None else None
-    except SelfspecError:  # a config for another architecture: not a candidate
-        return None
+        if find(target.name, target.model, "") is not None:
+            return {}
+    except SelfspecError:  # a config for another architecture: the int8 self-draft instead
+        pass
+    usable = ctx.draft_precisions if ctx.draft_precisions is not None else draft_precisions(target.device.type)[0]
+    return dict(INT8_SELF_DRAFT) if "int8" in usable else None
 
 
 SPEC = MethodSpec("self-spec", SelfSpecConfig, build, True,
                   "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)",
-                  auto=AutoCandidacy(_has_skip_config, "draft_kernels", DRAFT_KERNELS),  # bf16 where native
+                  auto=AutoCandidacy(_auto_options, "draft_kernels", DRAFT_KERNELS),  # bf16 where native
                   draft_step=draft_step_missing)  # an int8 draft of the whole model drafts through a compiled step
