@@ -2,8 +2,9 @@
 
 The model is served in this process by the engine and app of ``selfspec serve`` (continuous
 batching, its default ``--max-batch``) on a free loopback port. For each concurrency C, C client
-threads of the official ``openai`` client stream the same chat prompts (greedy, ``max_tokens``
-new tokens each, EOS ignored), each thread taking the next prompt when its last one ends. Per C:
+threads of the official ``openai`` client, in a process of their own (:class:`ClientProcess`),
+stream the same chat prompts (greedy, ``max_tokens`` new tokens each, EOS ignored), each thread
+taking the next prompt when its last one ends. Per C:
 aggregate tokens/s (tokens over the level's wall time), p50/p95 time to first token and per output
 token, the server's mean batch size, and how many requests' text equals their **solo run**
 (``generate`` of the same generator, one request at a time; every solo run is also checked against
@@ -81,6 +82,26 @@ def percentile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank; nan when empty)."""
     v = sorted(values)
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))] if v else float("nan")
+
+
+class ClientProcess:
+    """The benchmark's clients in a process of their own (spawned: no torch pools or locks
+    inherited), as a server's users are: in the server's process their threads' Python work
+    (HTTP, JSON, server-sent events) would compete with its decode thread for the interpreter
+    lock, which no deployed server pays. :meth:`drive` runs :func:`drive` there."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+
+    def drive(self, base_url: str, model: str, prompts: Sequence[str], clients: int, max_new_tokens: int) -> dict:
+        """:func:`drive` in the client process; its result."""
+        return self.pool.submit(drive, base_url, model, list(prompts), clients, max_new_tokens).result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def drive(base_url: str, model: str, prompts: Sequence[str], clients: int, max_new_tokens: int,
@@ -209,14 +230,38 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
     path.write_text("")
     engine = Engine(max_queue=max(64, 2 * max(opts.levels)), request_timeout=3600.0, max_batch=opts.max_batch)
     engine.attach(g)
+    clients = ClientProcess()
+    try:
+        _serve_levels(opts, g, engine, clients, solo_text, record)
+        if "transformers" in opts.peers:
+            transformers_batches(g, ids[:1], 1, 2)  # warm-up
+            for c in opts.levels:
+                tok_s, out = transformers_batches(g, ids, c, opts.max_new_tokens)
+                record({"contender": "transformers generate, padded batch (stock fp32)", "concurrency": c,
+                        "tok_s": round(tok_s, 2), "identical_to_solo": sum(a == b for a, b in zip(out, solo)),
+                        "requests": len(solo), "failed": []})
+        if "vllm" in opts.peers:
+            _vllm_levels(opts, vllm_python, model_dir, clients, solo_text, record)
+    finally:
+        clients.close()
+    report = render(rows, solo_vs_generate, len(solo), opts)
+    (opts.out / "concurrency.md").write_text(report)
+    plot(rows, opts.out / "concurrency.png")
+    print(report)
+    return 0
+
+
+def _serve_levels(opts: ConcurrencyOptions, g, engine, clients: ClientProcess, solo_text: list[str],
+                  record: Callable[[dict], None]) -> None:
+    """selfspec's server (in this process) at each concurrency, driven from the client process."""
     from .app import AppOptions
 
     server = InProcessServer(engine, AppOptions(model_id="m"))
     try:
-        drive(server.url + "/v1", "m", opts.prompts[:1], 1, 2)  # warm-up: the first request's one-off costs
+        clients.drive(server.url + "/v1", "m", opts.prompts[:1], 1, 2)  # warm-up: the first request's one-off costs
         for c in opts.levels:
             before = engine.batcher.forwards if engine.batcher is not None else 0
-            r = drive(server.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
+            r = clients.drive(server.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
             texts = r.pop("texts")
             ran = engine.batcher.forwards - before if engine.batcher is not None else 0
             sizes = list(engine.batcher.sizes)[-ran:] if ran else [1]  # this level's packed forwards
@@ -227,33 +272,25 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
                     "requests": len(solo_text)})
     finally:
         server.stop()
-    if "transformers" in opts.peers:
-        transformers_batches(g, ids[:1], 1, 2)  # warm-up
+
+
+def _vllm_levels(opts: ConcurrencyOptions, vllm_python: str | None, model_dir: str | None, clients: ClientProcess,
+                 solo_text: list[str], record: Callable[[dict], None]) -> None:
+    """vLLM's CPU build through its own server at each concurrency; a failure is recorded as such."""
+    vllm = VllmServer(vllm_python, model_dir or "", opts.out / "vllm.log")
+    try:
+        vllm.start()
+        name = f"vLLM CPU {vllm.version()} (fp32, its own server)"
         for c in opts.levels:
-            tok_s, out = transformers_batches(g, ids, c, opts.max_new_tokens)
-            record({"contender": "transformers generate, padded batch (stock fp32)", "concurrency": c,
-                    "tok_s": round(tok_s, 2), "identical_to_solo": sum(a == b for a, b in zip(out, solo)),
-                    "requests": len(solo), "failed": []})
-    if "vllm" in opts.peers:
-        vllm = VllmServer(vllm_python, model_dir or "", opts.out / "vllm.log")
-        try:
-            vllm.start()
-            name = f"vLLM CPU {vllm.version()} (fp32, its own server)"
-            for c in opts.levels:
-                r = drive(vllm.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
-                texts = r.pop("texts")
-                record({"contender": name, **r,
-                        "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),
-                        "requests": len(solo_text)})
-        except SelfspecError as e:
-            record({"contender": "vLLM CPU", "concurrency": None, "tok_s": None, "failed": [str(e)]})
-        finally:
-            vllm.stop()
-    report = render(rows, solo_vs_generate, len(solo), opts)
-    (opts.out / "concurrency.md").write_text(report)
-    plot(rows, opts.out / "concurrency.png")
-    print(report)
-    return 0
+            r = clients.drive(vllm.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
+            texts = r.pop("texts")
+            record({"contender": name, **r,
+                    "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),
+                    "requests": len(solo_text)})
+    except SelfspecError as e:
+        record({"contender": "vLLM CPU", "concurrency": None, "tok_s": None, "failed": [str(e)]})
+    finally:
+        vllm.stop()
 
 
 def render(rows: list[dict], solo_vs_generate: int, n: int, opts: ConcurrencyOptions) -> str:
