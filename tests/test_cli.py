@@ -218,18 +218,19 @@ def test_version(capsys):
     assert e.value.code == 0 and out == f"selfspec {metadata.version('selfspec')}\n"
 
 
-def test_version_without_distribution_metadata(capsys, monkeypatch):
+def test_the_version_has_one_source():
+    """``selfspec.__version__``, ``--version`` (above), bench records and the server's model card
+    all read the package metadata, written from pyproject.toml at install."""
+    import re
     from importlib import metadata
+    from pathlib import Path
 
     import selfspec
+    from selfspec.bench.provenance import package_version
 
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(metadata, "version", missing)
-    with pytest.raises(SystemExit):
-        main(["--version"])
-    assert capsys.readouterr().out == f"selfspec {selfspec.__version__}\n"
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
+    assert selfspec.__version__ == metadata.version("selfspec") == package_version() == declared
 
 
 @pytest.mark.parametrize("where", ["command", "start-up"])

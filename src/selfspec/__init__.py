@@ -15,11 +15,15 @@ start-up is handled by the CLI like any other time.
 from __future__ import annotations
 
 import importlib
+from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
 from .errors import SelfspecError
 
-__version__ = "0.1.0"
+try:  # one source: the package metadata (pyproject.toml's version, as installed)
+    __version__ = _metadata.version("selfspec")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 _LAZY = {
     "load": ".api",

@@ -62,6 +62,14 @@ def test_completions_greedy_equals_generate_no_chat_streamed_and_not(server, cha
     assert len(pieces) > 2 and pieces[-1].choices[0].finish_reason in ("stop", "length")
 
 
+def test_the_model_card_names_the_selfspec_version(server):
+    import selfspec
+
+    r = http().get(server.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    card = r.json()["data"][0]
+    assert r.status_code == 200 and card["selfspec"]["version"] == selfspec.__version__ and card["selfspec"]["method"]
+
+
 def test_raw_sse_framing(server):
     """`data: {json}` events, each a blank-line-terminated event, then `data: [DONE]`."""
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True}

@@ -17,7 +17,6 @@ import subprocess
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 from ..errors import SelfspecError
@@ -38,11 +37,10 @@ def _git(args: list[str], cwd: Path) -> str | None:
 
 
 def package_version() -> str:
-    """The installed distribution's version, ``unknown`` where it has no metadata."""
-    try:
-        return metadata.version("selfspec")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """``selfspec.__version__`` (the package metadata's version; ``0+unknown`` where it has none)."""
+    from .. import __version__
+
+    return __version__
 
 
 def source_revision(package_dir: Path = _PACKAGE_DIR) -> tuple[str, bool | None]:

@@ -53,15 +53,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def version() -> str:
-    """The installed distribution's version, else the package's ``__version__``."""
-    from importlib import metadata
+    """``selfspec.__version__`` (the package metadata's version)."""
+    from .. import __version__
 
-    try:
-        return metadata.version("selfspec")
-    except metadata.PackageNotFoundError:
-        from .. import __version__
-
-        return __version__
+    return __version__
 
 
 def method_names() -> str:

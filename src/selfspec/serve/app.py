@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from .. import __version__
 from .engine import Engine, Job
 from .metrics import CONTENT_TYPE
 from .protocol import chunk, response, sse
@@ -172,9 +173,10 @@ def create_app(engine: Engine, options: AppOptions) -> FastAPI:
     def model_card() -> dict:
         card = {"id": options.model_id, "object": "model", "created": options.created, "owned_by": "selfspec"}
         g = engine.generator
+        card["selfspec"] = {"version": __version__}
         if g is not None:
             card["max_model_len"] = engine.context_length
-            card["selfspec"] = {"method": g.method, "lossless": g.lossless, "kernels": g.kernels}
+            card["selfspec"].update(method=g.method, lossless=g.lossless, kernels=g.kernels)
         return card
 
     @app.get("/health")
