@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import SelfspecError
+
+log = logging.getLogger(__name__)
 
 SAMPLING_MODES = ("coupled", "rejection")  # see selfspec.core.sampling
 
@@ -41,6 +45,10 @@ def check_threads(threads: object, name: str = "threads") -> int | None:
         return None
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise SelfspecError(f"{name} must be an integer >= 1 (or left out for torch's choice), not {threads!r}")
+    cores = os.cpu_count()
+    if cores is not None and threads > cores:
+        log.warning("%s=%d is more than this machine's %d cores: the extra threads share cores and usually slow "
+                    "decoding down", name, threads, cores)
     return threads
 
 

@@ -167,8 +167,8 @@ class SpeculativeGenerator:
             raise SelfspecError(f"the prompt has {len(ids)} tokens but the model's context is {ctx}; shorten it")
         if len(ids) + cfg.max_new_tokens > ctx:
             raise SelfspecError(
-                f"max_new_tokens {cfg.max_new_tokens} is beyond the context: the prompt has {len(ids)} tokens and "
-                f"the model's context is {ctx}; use --max-new-tokens {ctx - len(ids)} or less"
+                f"{cfg.max_new_tokens} new tokens are beyond the context: the prompt has {len(ids)} tokens and "
+                f"the model's context is {ctx}; ask for at most {ctx - len(ids)}"
             )
         device = self.target.device
         if cfg.seed is None:  # a fresh seed, reported in the result so the run can be reproduced
