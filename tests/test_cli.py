@@ -250,6 +250,20 @@ def test_ctrl_c_is_one_line_exit_130(capsys, monkeypatch, where):
     assert code == 130 and err == "selfspec: interrupted\n" and out == ""
 
 
+def test_ctrl_c_while_streaming_starts_a_new_line(capsys, tiny_dir, monkeypatch):
+    """The streamed text so far ends its line, so the interruption's message is a line of its own."""
+    from selfspec.generator import SpeculativeGenerator
+
+    def stream_then_interrupt(self, *a, **kw):
+        yield "w1 w2", None
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SpeculativeGenerator, "stream_steps", stream_then_interrupt)
+    code, out, err = run(capsys, "generate", "--model", str(tiny_dir), "--no-chat", "--method", "ar", "--kernels",
+                         "stock", "w1")
+    assert code == 130 and out == "w1 w2\n" and err.endswith("selfspec: interrupted\n")
+
+
 @pytest.mark.parametrize("argv", [["bench", "--seed", "-2"], ["tune", "m", "--seed", "-1"],
                                   ["train", "hass", "--model", "m", "--out", "o", "--data-seed", "-5"],
                                   ["demo", "--seed", "-1"]])

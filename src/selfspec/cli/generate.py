@@ -34,12 +34,17 @@ def run(args: argparse.Namespace) -> int:
         g.save_cost_correction()
         return 0
     colour = args.show_accepted and sys.stdout.isatty() or args.show_accepted == "always"
-    for step, (piece, _) in enumerate(g.stream_steps(args.prompt, **kw)):
-        if piece:
-            if args.show_accepted:
-                piece = f"{COLOURS[step % len(COLOURS)]}{piece}{RESET}" if colour else f"[{piece}]"
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+    try:
+        for step, (piece, _) in enumerate(g.stream_steps(args.prompt, **kw)):
+            if piece:
+                if args.show_accepted:
+                    piece = f"{COLOURS[step % len(COLOURS)]}{piece}{RESET}" if colour else f"[{piece}]"
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # the interruption's message on a line of its own, not after the text
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        raise
     sys.stdout.write("\n")
     print(stats_line(g.last_result), file=sys.stderr)
     g.save_cost_correction()
