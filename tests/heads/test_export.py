@@ -461,7 +461,7 @@ def test_cli_export(tiny_dir, tmp_path, capsys):
 def test_export_refuses_an_out_it_cannot_use_before_loading(tiny_dir, tmp_path, capsys, monkeypatch):
     """A non-empty directory (a bench folder) used to be written into without a word, which made it
     unloadable as a draft model; an --out that cannot be created ended in NotADirectoryError. An
-    earlier export there is replaced, as before."""
+    earlier export there is replaced only with --force."""
     import selfspec.models.loading as loading
     from selfspec.cli import main
     from selfspec.models.loading import load_model
@@ -481,10 +481,16 @@ def test_export_refuses_an_out_it_cannot_use_before_loading(tiny_dir, tmp_path, 
         assert err.count("\n") == 1 and err.startswith("selfspec: error: --out ") and says in err
     assert (bench / "records.jsonl").read_text() == "{}\n" and len(list(bench.iterdir())) == 1
     monkeypatch.setattr(loading, "load_model", real)
-    for _ in range(2):  # into a new directory, then over that export
+    for force in ([], ["--force"]):  # into a new directory, then over that export
         assert main(["export", str(tmp_path / "h"), "--model", str(tiny_dir), "--engine", "eagle",
-                     "--out", str(tmp_path / "e")]) == 0
+                     "--out", str(tmp_path / "e"), *force]) == 0
         out = capsys.readouterr().out.splitlines()
+        if not force:  # again without --force: refused, the export left as it was
+            before = {p.name: p.read_bytes() for p in (tmp_path / "e").iterdir()}
+            assert main(["export", str(tmp_path / "h"), "--model", str(tiny_dir), "--engine", "eagle",
+                         "--out", str(tmp_path / "e")]) == 2
+            assert "holds an earlier export; pass --force" in capsys.readouterr().err
+            assert {p.name: p.read_bytes() for p in (tmp_path / "e").iterdir()} == before
         serve = next(i for i, line in enumerate(out) if line.startswith("serve:"))
         assert all(not line.startswith("note:") for line in out[serve:])  # notes come before the command
 

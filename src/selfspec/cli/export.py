@@ -20,6 +20,7 @@ def add_parser(sub) -> None:
                     help="serving dtype of the weights (default: the target checkpoint's if bf16, else fp16)")
     ex.add_argument("--with-embeddings", action="store_true",
                     help="also write embed_tokens.weight (--engine eagle only; vLLM and SGLang use the target's)")
+    ex.add_argument("--force", action="store_true", help="replace an earlier export in --out")
     ex.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")
     ex.set_defaults(func=run)
 
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from ..heads.export import check_export_dir, default_dtype, export_head, serve_hint
     from ..models.loading import load_model
 
-    check_export_dir(args.out)  # before the model loads
+    check_export_dir(args.out, args.force)  # before the model loads
     target = load_model(args.model, "cpu", "float32", args.trust_remote_code)
     head = args.head
     if head in (EAGLE2.name, HASS.name) and not Path(head).is_dir():  # the model's installed head
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                                 f"hass --model {target.name} --out DIR` and pass DIR")
         head = str(found)
     dtype = args.dtype or default_dtype(target.path)
-    res = export_head(head, target.model, args.engine, args.out, dtype, args.with_embeddings)
+    res = export_head(head, target.model, args.engine, args.out, dtype, args.with_embeddings, args.force)
     print(f"{args.engine} EAGLE draft: {res.out} ({', '.join(res.files)}; {res.dtype})")
     hint = serve_hint(res, str(target.path or target.name), target.path)
     for note in [*(f"note: {n}" for n in res.notes), *(h for h in hint if h.startswith("note:"))]:

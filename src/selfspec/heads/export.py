@@ -78,7 +78,7 @@ def _fold_fc_bias(state: dict[str, torch.Tensor]) -> None:
 
 
 def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out: Path | str, dtype: str = "fp16",
-                with_embeddings: bool = False) -> Export:
+                with_embeddings: bool = False, force: bool = False) -> Export:
     """Write ``head_dir``'s head into ``out`` as ``engine`` loads an EAGLE-1/2 draft (module docstring).
 
     Args:
@@ -100,7 +100,7 @@ def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out:
         raise SelfspecError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if dtype not in DTYPES:
         raise SelfspecError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    check_export_dir(out)
+    check_export_dir(out, force)
     if read_meta(head_dir).get(ARCH_FIELD) == HEAD_ARCH:
         return export_eagle3(head_dir, target, engine, out, dtype, with_embeddings)
     head, meta = load_head(head_dir, target)

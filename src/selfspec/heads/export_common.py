@@ -99,17 +99,21 @@ def check_plain_head_dim(cfg: dict, engine: str) -> None:
                             f"head_dim {head_dim(cfg)}; it cannot hold this head")
 
 
-def check_export_dir(out: Path | str) -> Path:
-    """``out`` as an export directory: new, empty, or holding an earlier export only (which is
-    replaced). Anything else there (a bench folder, a model) would mix with the draft and make
-    the directory unloadable, so it is a one-line error; checked before a model loads."""
+def check_export_dir(out: Path | str, force: bool = False) -> Path:
+    """``out`` as an export directory: new, empty, or holding an earlier export only, which is
+    replaced with ``force`` (else a one-line error, so an export is never overwritten unasked).
+    Anything else there (a bench folder, a model) would mix with the draft and make the directory
+    unloadable, so it is a one-line error; checked before a model loads."""
     d = check_output_dir(out)
     if d.is_dir():
-        other = sorted(p.name for p in d.iterdir() if p.name not in (WEIGHTS_FILE, "config.json", TOKEN_MAP_FILE,
-                                                                     "pytorch_model.bin"))
+        names = sorted(p.name for p in d.iterdir())
+        export = (WEIGHTS_FILE, "config.json", TOKEN_MAP_FILE, "pytorch_model.bin")
+        other = [n for n in names if n not in export]
         if other:
             raise SelfspecError(f"--out {out} is not empty ({len(other)} other entries, e.g. {other[0]}); an export "
                                 "there would not load as a draft model: pass a new or empty directory")
+        if names and not force:
+            raise SelfspecError(f"--out {out} holds an earlier export; pass --force to replace it, or a new directory")
     return d
 
 
