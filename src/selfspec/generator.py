@@ -50,7 +50,7 @@ class GenerationResult:
     model: str
     lossless: bool
     prompt_tokens: int = 0
-    finish_reason: str = ""
+    finish_reason: str = ""  # OpenAI's, as in the CLI and the server: stop (EOS or a stop string), length
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
@@ -195,7 +195,8 @@ class SpeculativeGenerator:
             mean_accepted=len(gen) / st.steps if st.steps else 0.0,
             acceptance_by_depth=st.acceptance_by_depth(), wall_s=wall,
             tokens_per_s=len(gen) / wall if wall > 0 else 0.0, method=self.method, model=self.target.name,
-            lossless=self.lossless, prompt_tokens=state.prompt_len, finish_reason=state.finish_reason or "",
+            lossless=self.lossless, prompt_tokens=state.prompt_len,
+            finish_reason="stop" if state.finish_reason == "eos" else state.finish_reason or "",  # as the server says
             draft_s=st.draft_s, verify_s=st.verify_s, prefill_s=st.prefill_s,
             committed_per_step=list(st.committed_per_step), drafted_per_step=list(st.drafted_per_step),
             accepted_per_step=list(st.accepted_per_step),
