@@ -1,5 +1,5 @@
-"""``selfspec bench --concurrency`` (serve/concurrency.py) on the tiny chat model: the server
-driven by the OpenAI client at two concurrencies, every request's text its solo run's, the
+"""``selfspec bench --concurrency`` (serve/concurrency.py) on the tiny chat model: ``selfspec serve``
+in a process of its own driven by the OpenAI client at two concurrencies, every request's text its solo run's, the
 transformers peer beside it, a vLLM that cannot start reported as failed (never as a figure)."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def test_levels_and_percentiles():
 @pytest.mark.skipif(NO_ONEDNN is not None, reason=str(NO_ONEDNN))
 def test_the_server_under_concurrent_clients(chat_dir, tmp_path, capsys):
     """fp32 on a row-invariant backend (oneDNN): every request is its solo run, which is generate's."""
-    opts = ConcurrencyOptions(levels=(1, 3), prompts=PROMPTS, max_new_tokens=6, peers=("transformers",), out=tmp_path)
+    opts = ConcurrencyOptions(levels=(1, 3), prompts=PROMPTS, max_new_tokens=6, peers=("transformers",), out=tmp_path,
+                              serve_args=("--model", str(chat_dir), "--method", "pld", "--kernels", "onednn"))
     assert run_concurrency(opts, lambda: selfspec.load(str(chat_dir), "pld", kernels="onednn", self_test=False)) == 0
     rows = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
     ours = [r for r in rows if r["contender"].startswith("selfspec pld@onednn")]
@@ -48,7 +49,8 @@ def test_the_server_under_concurrent_clients(chat_dir, tmp_path, capsys):
 def test_a_vllm_that_cannot_start_is_a_failure_not_a_figure(chat_dir, tmp_path):
     """Our own Python has no vLLM: its server exits at once, and the report says so."""
     opts = ConcurrencyOptions(levels=(1,), prompts=PROMPTS[:2], max_new_tokens=3, peers=("vllm",),
-                              vllm_python=sys.executable, out=tmp_path)
+                              vllm_python=sys.executable, out=tmp_path,
+                              serve_args=("--model", str(chat_dir), "--method", "ar", "--kernels", "stock"))
     run_concurrency(opts, lambda: selfspec.load(str(chat_dir), "ar", self_test=False), model_dir=str(chat_dir))
     rows = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
     failed = [r for r in rows if r["contender"] == "vLLM CPU"]
@@ -73,3 +75,22 @@ def test_cli_refuses_bad_concurrency_options(argv, message, capsys):
 
     assert main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_selfspec_server_that_cannot_start_is_a_failure_not_a_figure(chat_dir, tmp_path):
+    opts = ConcurrencyOptions(levels=(1,), prompts=PROMPTS[:1], max_new_tokens=2, out=tmp_path,
+                              serve_args=("--model", str(tmp_path / "no-such-model"), "--method", "ar"))
+    run_concurrency(opts, lambda: selfspec.load(str(chat_dir), "ar", self_test=False))
+    rows = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["tok_s"] is None and "exited" in rows[0]["failed"][0]
+
+
+def test_the_bench_serves_the_configuration_it_measures():
+    from selfspec.cli import build_parser
+    from selfspec.cli.bench import serve_args
+
+    args = build_parser().parse_args(["bench", "--concurrency", "1,2", "--model", "m", "--kernels", "onednn",
+                                      "--threads", "2"])
+    got = serve_args(args, "pld")
+    assert got[:4] == ("--model", "m", "--method", "pld") and ("--kernels", "onednn") == got[4:6]
+    assert "--threads" in got and got[got.index("--threads") + 1] == "2"

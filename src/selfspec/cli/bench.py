@@ -60,7 +60,7 @@ def concurrency(args: argparse.Namespace) -> int:
     while len(texts) < n:  # a small prompt set repeats
         texts += texts[: n - len(texts)]
     opts = ConcurrencyOptions(levels=levels, prompts=tuple(texts), max_new_tokens=args.max_new_tokens, peers=peers,
-                              vllm_python=args.vllm_python, out=Path(args.out))
+                              vllm_python=args.vllm_python, out=Path(args.out), serve_args=serve_args(args, method))
     model_dir = None
     if "vllm" in peers:
         from ..models.loading import resolve_path
@@ -71,3 +71,17 @@ def concurrency(args: argparse.Namespace) -> int:
                                 "(pull a bundled model first: selfspec models pull NAME)")
         model_dir = str(path)
     return run_concurrency(opts, lambda: load_generator(args, method), model_dir=model_dir)
+
+
+def serve_args(args: argparse.Namespace, method: str) -> tuple[str, ...]:
+    """``selfspec serve``'s arguments for the configuration ``bench --concurrency`` measures: the
+    model, method, kernels, device, dtype, threads and draft model given (method options other
+    than the draft model are not passed on)."""
+    out = ["--model", args.model, "--method", method]
+    for flag, value in (("--kernels", args.kernels), ("--device", args.device), ("--dtype", args.dtype),
+                        ("--threads", args.threads), ("--draft-model", getattr(args, "draft_model", None))):
+        if value is not None:
+            out += [flag, str(value)]
+    if args.trust_remote_code:
+        out.append("--trust-remote-code")
+    return tuple(out)

@@ -1,14 +1,13 @@
 """``selfspec bench --concurrency 1,2,4,8``: the server under concurrent clients (issue 58).
 
-The model is served in this process by the engine and app of ``selfspec serve`` (continuous
-batching, its default ``--max-batch``) on a free loopback port. For each concurrency C, C client
-threads of the official ``openai`` client, in a process of their own (:class:`ClientProcess`),
-stream the same chat prompts (greedy, ``max_tokens`` new tokens each, EOS ignored), each thread
-taking the next prompt when its last one ends. Per C:
-aggregate tokens/s (tokens over the level's wall time), p50/p95 time to first token and per output
-token, the server's mean batch size, and how many requests' text equals their **solo run**
-(``generate`` of the same generator, one request at a time; every solo run is also checked against
-``transformers`` ``generate(do_sample=False)`` once).
+The model is served by ``selfspec serve`` in a process of its own, as users run it (continuous
+batching, its default ``--max-batch``), on a free loopback port. For each concurrency C, C client
+threads of the official ``openai`` client in this process stream the same chat prompts (greedy,
+``max_tokens`` new tokens each, EOS ignored), each thread taking the next prompt when its last one
+ends. Per C: aggregate tokens/s (tokens over the level's wall time), p50/p95 time to first token
+and per output token, the server's mean batch size (its ``/metrics``), and how many requests' text
+equals their **solo run** (``generate`` of the same configuration loaded here, one request at a
+time; every solo run is also checked against ``transformers`` ``generate(do_sample=False)`` once).
 
 Peers in the same run, on the same prompts and weights (fp32):
 
@@ -27,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SelfspecError
-from .load_peers import VllmServer, no_eos, transformers_batches
+from .load_peers import SelfspecServer, VllmServer, no_eos, transformers_batches
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +54,7 @@ class ConcurrencyOptions:
         vllm_python: the Python of vLLM's venv (None: ``$SELFSPEC_VLLM_PYTHON``).
         max_batch: the server's ``--max-batch`` (None: its default, from free memory).
         out: the output directory.
+        serve_args: ``selfspec serve``'s arguments for the model, method and kernels measured.
     """
 
     levels: tuple[int, ...]
@@ -65,6 +64,7 @@ class ConcurrencyOptions:
     vllm_python: str | None = None
     max_batch: int | None = None
     out: Path = Path("bench-out")
+    serve_args: tuple[str, ...] = ()
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -82,26 +82,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank; nan when empty)."""
     v = sorted(values)
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))] if v else float("nan")
-
-
-class ClientProcess:
-    """The benchmark's clients in a process of their own (spawned: no torch pools or locks
-    inherited), as a server's users are: in the server's process their threads' Python work
-    (HTTP, JSON, server-sent events) would compete with its decode thread for the interpreter
-    lock, which no deployed server pays. :meth:`drive` runs :func:`drive` there."""
-
-    def __init__(self) -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-
-    def drive(self, base_url: str, model: str, prompts: Sequence[str], clients: int, max_new_tokens: int) -> dict:
-        """:func:`drive` in the client process; its result."""
-        return self.pool.submit(drive, base_url, model, list(prompts), clients, max_new_tokens).result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def drive(base_url: str, model: str, prompts: Sequence[str], clients: int, max_new_tokens: int,
@@ -196,7 +176,6 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
     import torch
 
     from ..decoding.text import encode_prompt
-    from .engine import Engine
 
     vllm_python = opts.vllm_python or os.environ.get(VLLM_PYTHON_ENV)
     if "vllm" in opts.peers and not vllm_python:
@@ -228,22 +207,16 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
         print(json.dumps(row), flush=True)
 
     path.write_text("")
-    engine = Engine(max_queue=max(64, 2 * max(opts.levels)), request_timeout=3600.0, max_batch=opts.max_batch)
-    engine.attach(g)
-    clients = ClientProcess()
-    try:
-        _serve_levels(opts, g, engine, clients, solo_text, record)
-        if "transformers" in opts.peers:
-            transformers_batches(g, ids[:1], 1, 2)  # warm-up
-            for c in opts.levels:
-                tok_s, out = transformers_batches(g, ids, c, opts.max_new_tokens)
-                record({"contender": "transformers generate, padded batch (stock fp32)", "concurrency": c,
-                        "tok_s": round(tok_s, 2), "identical_to_solo": sum(a == b for a, b in zip(out, solo)),
-                        "requests": len(solo), "failed": []})
-        if "vllm" in opts.peers:
-            _vllm_levels(opts, vllm_python, model_dir, clients, solo_text, record)
-    finally:
-        clients.close()
+    _serve_levels(opts, solo_text, record)
+    if "transformers" in opts.peers:
+        transformers_batches(g, ids[:1], 1, 2)  # warm-up
+        for c in opts.levels:
+            tok_s, out = transformers_batches(g, ids, c, opts.max_new_tokens)
+            record({"contender": "transformers generate, padded batch (stock fp32)", "concurrency": c,
+                    "tok_s": round(tok_s, 2), "identical_to_solo": sum(a == b for a, b in zip(out, solo)),
+                    "requests": len(solo), "failed": []})
+    if "vllm" in opts.peers:
+        _vllm_levels(opts, vllm_python, model_dir, solo_text, record)
     report = render(rows, solo_vs_generate, len(solo), opts)
     (opts.out / "concurrency.md").write_text(report)
     plot(rows, opts.out / "concurrency.png")
@@ -251,38 +224,54 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
     return 0
 
 
-def _serve_levels(opts: ConcurrencyOptions, g, engine, clients: ClientProcess, solo_text: list[str],
-                  record: Callable[[dict], None]) -> None:
-    """selfspec's server (in this process) at each concurrency, driven from the client process."""
-    from .app import AppOptions
+def batch_totals(metrics_text: str) -> tuple[float, float]:
+    """``(sum, count)`` of the server's batch-size histogram in its ``/metrics`` text."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-    server = InProcessServer(engine, AppOptions(model_id="m"))
+    total = count = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "selfspec:batch_size_sum":
+                total = sample.value
+            elif sample.name == "selfspec:batch_size_count":
+                count = sample.value
+    return total, count
+
+
+def _serve_levels(opts: ConcurrencyOptions, solo_text: list[str], record: Callable[[dict], None]) -> None:
+    """``selfspec serve`` (a process of its own, as users run it) at each concurrency; its mean batch
+    size per level from its ``/metrics``; a server that fails is recorded as such."""
+    args = (*opts.serve_args, *(("--max-batch", str(opts.max_batch)) if opts.max_batch else ()))
+    server = SelfspecServer(args, opts.out / "selfspec-serve.log")
     try:
-        clients.drive(server.url + "/v1", "m", opts.prompts[:1], 1, 2)  # warm-up: the first request's one-off costs
+        server.start()
+        card = json.loads(server.get("/v1/models"))["data"][0].get("selfspec", {})
+        method, kernels = card.get("method", "?"), card.get("kernels", "?")
+        name = f"selfspec {method}" + ("" if "@" in method else f"@{kernels}")
+        drive(server.url + "/v1", "m", opts.prompts[:1], 1, 2)  # warm-up: the first request's one-off costs
         for c in opts.levels:
-            before = engine.batcher.forwards if engine.batcher is not None else 0
-            r = clients.drive(server.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
+            s0, n0 = batch_totals(server.get("/metrics"))
+            r = drive(server.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
+            s1, n1 = batch_totals(server.get("/metrics"))
             texts = r.pop("texts")
-            ran = engine.batcher.forwards - before if engine.batcher is not None else 0
-            sizes = list(engine.batcher.sizes)[-ran:] if ran else [1]  # this level's packed forwards
-            name = f"selfspec {g.method}" + ("" if "@" in g.method else f"@{g.kernels}")
-            record({"contender": name, **r, "max_batch": engine.max_batch,
-                    "mean_batch": round(statistics.mean(sizes), 2) if sizes else 1.0,
+            record({"contender": name, **r, "mean_batch": round((s1 - s0) / (n1 - n0), 2) if n1 > n0 else 1.0,
                     "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),
                     "requests": len(solo_text)})
+    except SelfspecError as e:
+        record({"contender": "selfspec serve", "concurrency": None, "tok_s": None, "failed": [str(e)]})
     finally:
         server.stop()
 
 
-def _vllm_levels(opts: ConcurrencyOptions, vllm_python: str | None, model_dir: str | None, clients: ClientProcess,
-                 solo_text: list[str], record: Callable[[dict], None]) -> None:
+def _vllm_levels(opts: ConcurrencyOptions, vllm_python: str | None, model_dir: str | None, solo_text: list[str],
+                 record: Callable[[dict], None]) -> None:
     """vLLM's CPU build through its own server at each concurrency; a failure is recorded as such."""
     vllm = VllmServer(vllm_python, model_dir or "", opts.out / "vllm.log")
     try:
         vllm.start()
         name = f"vLLM CPU {vllm.version()} (fp32, its own server)"
         for c in opts.levels:
-            r = clients.drive(vllm.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
+            r = drive(vllm.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
             texts = r.pop("texts")
             record({"contender": name, **r,
                     "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),

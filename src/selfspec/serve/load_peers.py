@@ -23,39 +23,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class VllmServer:
-    """vLLM's OpenAI server in its own venv on a free loopback port, fp32, the model directory
-    ``model_dir``; ``start`` waits for ``/health`` (or raises :class:`SelfspecError` with the log's tail)."""
+class ServerProcess:
+    """An OpenAI server in a process of its own on a free loopback port, serving the model as
+    ``m``, as its users run it; ``start`` waits for ``/health`` (or raises :class:`SelfspecError`
+    with the log's tail), ``stop`` ends its process group. Subclasses set :attr:`cmd` and :meth:`env`."""
 
-    def __init__(self, python: str, model_dir: str, log_path: Path) -> None:
+    name = "the server"
+
+    def __init__(self, log_path: Path) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--dtype", "float32",
-                    "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "m",
-                    "--max-model-len", "2048", "--gpu-memory-utilization", "0.15"]
+        self.cmd: list[str] = []
         self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "HF_HUB_OFFLINE": "1"}
 
     def start(self) -> None:
         import httpx
 
-        env = {**os.environ, "HF_HUB_OFFLINE": "1",
-               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))}  # the cores we use
-        env.pop("PYTHONPATH", None)
         with open(self.log_path, "w") as f:
-            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env(),
+                                         start_new_session=True)
         deadline = time.monotonic() + VLLM_START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise SelfspecError(f"vLLM's server exited ({self.proc.returncode}): {self.tail()}")
+                raise SelfspecError(f"{self.name} exited ({self.proc.returncode}): {self.tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        raise SelfspecError(f"vLLM's server did not start in {VLLM_START_S:.0f} s: {self.tail()}")
+        raise SelfspecError(f"{self.name} did not start in {VLLM_START_S:.0f} s: {self.tail()}")
 
     def tail(self) -> str:
         lines = self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.exists() else []
@@ -78,6 +79,47 @@ class VllmServer:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class VllmServer(ServerProcess):
+    """vLLM's OpenAI server in its own venv (``python``), fp32, the model directory ``model_dir``."""
+
+    name = "vLLM's server"
+
+    def __init__(self, python: str, model_dir: str, log_path: Path) -> None:
+        super().__init__(log_path)
+        self.cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--dtype", "float32",
+                    "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", "m",
+                    "--max-model-len", "2048", "--gpu-memory-utilization", "0.15"]
+
+    def env(self) -> dict[str, str]:
+        env = {**super().env(), "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))}  # the cores we use
+        env.pop("PYTHONPATH", None)
+        return env
+
+
+class SelfspecServer(ServerProcess):
+    """``selfspec serve`` with ``serve_args`` (model, method, kernels, ...), in a process of its own as
+    users run it. (In the benchmark's process, which loads the model and decodes the solo runs
+    itself, the server's decode thread would run beside a second OpenMP pool, whose idle workers
+    make libgomp throttle every pool's spin-wait: 43 against 62 tok/s at 8 clients, 12.6 against
+    20.1 at one, on a 2-core EPYC.)"""
+
+    name = "selfspec's server"
+
+    def __init__(self, serve_args: Sequence[str], log_path: Path) -> None:
+        import sys
+
+        super().__init__(log_path)
+        self.cmd = [sys.executable, "-m", "selfspec.cli", "serve", *serve_args, "--host", "127.0.0.1", "--port",
+                    str(self.port), "--served-model-name", "m"]
+
+    def get(self, path: str) -> str:
+        """The body of ``GET path`` (e.g. ``/metrics``)."""
+        import httpx
+
+        return httpx.get(self.url + path, timeout=10).text
 
 
 def no_eos(model, max_new_tokens: int):
