@@ -176,23 +176,6 @@ def packed_forward(model: torch.nn.Module, inner: str, blocks: Sequence[Block]) 
     return results
 
 
-def request_thread() -> None:
-    """Set up the calling thread as one request's thread of a batch: one torch CPU thread.
-
-    A request's thread runs only small host-side ops (drafts, acceptance, argmax); its forwards run
-    in the driving thread. With torch's default, each request thread that runs a parallel op gets
-    an OpenMP pool of its own, and once a process holds more pool threads than cores libgomp
-    throttles every pool's spin-wait, the driving thread's included, whose parallel regions then
-    start by waking their threads from sleep (docs/serving.md, "One process, one thread pool"): on a
-    2-core EPYC (SmolLM2, oneDNN, 8 requests x 128 tokens), ``pld`` ran at 46-53 tok/s with the
-    default pools and 67-75 with one thread per request thread; ``self-spec`` at 4 requests 26.2 and
-    36.8, and 9.2 and 13.0 for one request. The setting is the calling thread's own (the driving
-    thread keeps its pool). The ops a request thread runs give the same results on any number of
-    threads (:func:`~selfspec.core.acceptance` normalises with a serial scan), so its tokens stay
-    those of its solo run."""
-    torch.set_num_threads(1)
-
-
 SIZES_KEPT = 4096
 """Batch sizes a :class:`Batcher` keeps (a server's runs for its life; the metrics count them all)."""
 

@@ -8,12 +8,31 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
+import torch
+
 from ..errors import SelfspecError
-from .batch import Batcher, request_thread
+from .batch import Batcher
 
 Work = Callable[[Callable[[str], None] | None], object]
 """One request: called with ``emit`` (None: not streaming), it decodes and returns its result,
 calling ``emit(piece)`` for each text piece while streaming."""
+
+
+def request_thread() -> None:
+    """Set up the calling thread as one request's thread of a batch: one torch CPU thread.
+
+    A request's thread runs only small host-side ops (drafts, acceptance, argmax); its forwards run
+    in the driving thread. With torch's default, each request thread that runs a parallel op gets
+    an OpenMP pool of its own, and once a process holds more pool threads than cores libgomp
+    throttles every pool's spin-wait, the driving thread's included, whose parallel regions then
+    start by waking their threads from sleep (docs/serving.md, "One process, one thread pool"): on a
+    2-core EPYC (SmolLM2, oneDNN, 8 requests x 128 tokens), ``pld`` ran at 46-53 tok/s with the
+    default pools and 67-75 with one thread per request thread; ``self-spec`` at 4 requests 26.2 and
+    36.8, and 9.2 and 13.0 for one request. The setting is the calling thread's own (the driving
+    thread keeps its pool). The ops a request thread runs give the same results on any number of
+    threads (:func:`~selfspec.core.acceptance` normalises with a serial scan), so its tokens stay
+    those of its solo run."""
+    torch.set_num_threads(1)
 
 
 def run_batch(batcher: Batcher, works: Sequence[Work], results: list, streaming: bool) -> Iterator[tuple[int, str]]:

