@@ -238,6 +238,11 @@ def batch_totals(metrics_text: str) -> tuple[float, float]:
     return total, count
 
 
+def _identity(texts: dict[int, str], solo_text: list[str]) -> dict:
+    """A level's identity columns: how many of the prompts' texts (by index) equal their solo run."""
+    return {"identical_to_solo": sum(texts.get(i) == t for i, t in enumerate(solo_text)), "requests": len(solo_text)}
+
+
 def _serve_levels(opts: ConcurrencyOptions, solo_text: list[str], record: Callable[[dict], None]) -> None:
     """``selfspec serve`` (a process of its own, as users run it) at each concurrency; its mean batch
     size per level from its ``/metrics``; a server that fails is recorded as such."""
@@ -253,10 +258,8 @@ def _serve_levels(opts: ConcurrencyOptions, solo_text: list[str], record: Callab
             s0, n0 = batch_totals(server.get("/metrics"))
             r = drive(server.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
             s1, n1 = batch_totals(server.get("/metrics"))
-            texts = r.pop("texts")
             record({"contender": name, **r, "mean_batch": round((s1 - s0) / (n1 - n0), 2) if n1 > n0 else 1.0,
-                    "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),
-                    "requests": len(solo_text)})
+                    **_identity(r.pop("texts"), solo_text)})
     except SelfspecError as e:
         record({"contender": "selfspec serve", "concurrency": None, "tok_s": None, "failed": [str(e)]})
     finally:
@@ -272,10 +275,7 @@ def _vllm_levels(opts: ConcurrencyOptions, vllm_python: str | None, model_dir: s
         name = f"vLLM CPU {vllm.version()} (fp32, its own server)"
         for c in opts.levels:
             r = drive(vllm.url + "/v1", "m", opts.prompts, c, opts.max_new_tokens)
-            texts = r.pop("texts")
-            record({"contender": name, **r,
-                    "identical_to_solo": sum(texts.get(i) == solo_text[i] for i in range(len(solo_text))),
-                    "requests": len(solo_text)})
+            record({"contender": name, **r, **_identity(r.pop("texts"), solo_text)})
     except SelfspecError as e:
         record({"contender": "vLLM CPU", "concurrency": None, "tok_s": None, "failed": [str(e)]})
     finally:

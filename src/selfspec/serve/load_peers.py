@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -109,8 +110,6 @@ class SelfspecServer(ServerProcess):
     name = "selfspec's server"
 
     def __init__(self, serve_args: Sequence[str], log_path: Path) -> None:
-        import sys
-
         super().__init__(log_path)
         self.cmd = [sys.executable, "-m", "selfspec.cli", "serve", *serve_args, "--host", "127.0.0.1", "--port",
                     str(self.port), "--served-model-name", "m"]
