@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -212,7 +213,10 @@ class BackgroundTests:
         log(f"tests (background): {' '.join(cmd[3:])}")
         self.t0 = time.perf_counter()
         self.out = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.out, stderr=subprocess.STDOUT, text=True)
+        # a session of its own, so a stop ends the xdist workers too (killing pytest alone left them
+        # running beside the speed section: the fourth lease's run 7)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.out, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
 
     def finish(self, timeout: float) -> dict:
         """Wait up to ``timeout`` seconds, then stop it; the counts (from the XML, else the log)."""
@@ -221,7 +225,10 @@ class BackgroundTests:
             self.proc.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
             timed_out = True
-            self.proc.kill()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait()
         self.out.close()
         text = self.log.read_text()
@@ -380,7 +387,10 @@ def compiled_speed(args, shape: dict, dtype: torch.dtype, prompt: list[int], max
             log(f"speed compiled ({args.compiled_layers} layers): ar@{kernels} {res[f'ar@{kernels}']}, "
                 f"chain@{kernels} {res[f'chain@{kernels}']}")
             args.checkpoint()
-        res["compile_s"] = {str(s): round(v, 1) for s, v in target.step.compile_s.items()}
+            if kernels == "compiled":  # the compiled runner is the generator's own (the loaded model never changes)
+                step = gen.target.step
+                res["compile_s"] = ({str(s): round(v, 1) for s, v in step.compile_s.items()} if step is not None
+                                    else "no compiled step on this runner")
     except Exception as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}"[:500]
         traceback.print_exc()
