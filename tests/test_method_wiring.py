@@ -102,12 +102,15 @@ def test_unknown_options_and_methods_are_named():
 
 
 def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
-    return next(a for a in parser._actions if flag in a.option_strings)
+    found = [a for a in parser._actions if flag in a.option_strings]
+    assert found, f"{parser.prog} has no flag {flag}"
+    return found[0]
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices[name]
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert subs and name in subs[0].choices, f"{parser.prog} has no command {name}"
+    return subs[0].choices[name]
 
 
 @pytest.mark.parametrize("command", ["generate", "demo", "bench"])
@@ -206,10 +209,12 @@ def test_draft_model_of():
 
 
 def _readme_commands() -> list[list[str]]:
-    """The ``selfspec ...`` command lines of the README's code blocks (placeholders kept)."""
+    """The ``selfspec ...`` command lines of the code blocks of the README and docs/usage.md (its
+    longer list of examples), placeholders kept."""
     import shlex
 
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+    root = Path(__file__).parent.parent
+    text = (root / "README.md").read_text() + (root / "docs" / "usage.md").read_text()
     blocks = text.split("```")[1::2]
     out, line = [], ""
     for raw in (x for b in blocks for x in b.splitlines()):

@@ -59,7 +59,8 @@ def test_int8_kernels_agree_exactly(kernel):
 def test_cpu_int8_path_is_exact_and_sound():
     """The probe's choice gives exact sums on the worst case; where it picked 7 bits, 8 bits saturate."""
     kernel, bits = int8.cpu_int8_path()
-    assert int8.fast_cpu_int8(), "no exact fast int8 kernel on this CPU"
+    if not int8.fast_cpu_int8():
+        pytest.skip("needs a CPU with an exact fast int8 matmul (AVX2 or VNNI; the probe found none here)")
     assert int8._exact(kernel, bits)
     if bits == 7:  # no VNNI: 8-bit activations saturate (negative control: the probe can fail)
         assert not int8._exact(kernel, 8)
