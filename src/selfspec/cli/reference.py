@@ -13,12 +13,14 @@ import functools
 from collections.abc import Iterator
 
 WIDTH = 100  # help lines wrap here whatever the terminal, so the file is the same on every machine
+PYTHON = (3, 11)  # argparse lays help out differently across Python versions: the file is made with this one
 
 HEADER = """# Command-line reference
 
 Every `selfspec` command and option, as `selfspec COMMAND --help` prints it. Generated from the
 parsers by `python -m selfspec.cli.reference > docs/cli.md`; a test fails when this file is stale.
 The README shows the commands most people need; this page is the whole of it.
+(Laid out by Python {python}'s argparse; another Python's `--help` may wrap differently.)
 """
 
 
@@ -41,7 +43,7 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
 
         parser = build_parser()
     commands = list(_commands(parser))
-    out = [HEADER]
+    out = [HEADER.format(python='.'.join(map(str, PYTHON)))]
     for words, _ in commands[1:]:
         out.append(f"- [`selfspec {' '.join(words)}`](#selfspec-{'-'.join(words)})")
     for words, p in commands:
