@@ -5,22 +5,22 @@
 # Resumable: re-running continues interrupted benchmarks (records are kept per prompt and method).
 #   usage: bash scripts/bench_baselines.sh [OUT_DIR]   (default bench-out; ~40 min on 2 CPU cores)
 set -euo pipefail
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-out}
-PY=${PY:-.venv/bin}
 mkdir -p "$OUT"
 
 echo "== greedy equality on Qwen2.5-Coder-1.5B (0.5B draft), 5 prompts =="
-"$PY/python" -m pytest -q -m slow tests/decoding/test_real_models.py
+"$PY" -m pytest -q -m slow tests/decoding/test_real_models.py
 
 echo "== SmolLM2-135M-Instruct =="
-"$PY/selfspec" bench --model smollm2-135m-instruct --methods ar,pld --peers hf,hf-pld \
+"$SELFSPEC" bench --model smollm2-135m-instruct --methods ar,pld --peers hf,hf-pld \
     --dataset builtin --limit 20 --max-new-tokens 128 --out "$OUT/smollm2" --resume
 
 echo "== Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct =="
-"$PY/selfspec" bench --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct \
+"$SELFSPEC" bench --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct \
     --methods ar,pld,draft-model --peers hf,hf-assisted,hf-pld \
     --dataset builtin --limit 10 --max-new-tokens 64 --out "$OUT/qwen1.5b" --resume
 
-"$PY/python" scripts/results_to_readme.py README.md "$OUT/smollm2" "$OUT/qwen1.5b"
+"$PY" scripts/results_to_readme.py README.md "$OUT/smollm2" "$OUT/qwen1.5b"
 # after scripts/bench_datasets.sh and scripts/bench_kernels.sh: add "$OUT/smollm2-mtbench" "$OUT/qwen1.5b-humaneval" "$OUT/smollm2-kernels" "$OUT/qwen1.5b-kernels" "$OUT/qwen1.5b-humaneval-int8" to the line above

@@ -9,8 +9,7 @@
 # The run directory names the CPU family (avx2, avx512, amx); the README's first table takes the
 # latest run of each family (scripts/readme_results.sh).
 set -euo pipefail
-SELFSPEC=${SELFSPEC:-.venv/bin/selfspec}
-PY=${PY:-.venv/bin/python}
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 OUT=${OUT:-docs/results}
 FAMILY=$(grep -qw amx_int8 /proc/cpuinfo && echo amx || (grep -qw avx512_vnni /proc/cpuinfo && echo avx512 || echo avx2))
 PEERS=hf

@@ -5,27 +5,27 @@
 # fastest fp32 backend with both heads, the default cost-sized tree, a narrower frontier and the
 # paper's tree (top-k 10, depth 5 = 6 draft levels, 60 tokens), and the ablation table/plots.
 set -euo pipefail
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 cd "$(dirname "$0")/.."
-S=.venv/bin/selfspec
 OUT=docs/results
 M=smollm2-135m-instruct
 A=${SELFSPEC_HOME:-$HOME/.cache/selfspec}/ablation
 COMMON=(--model $M --batch-size 4 --checkpoint-every 25 --resume --lr 3e-4 --draft-vocab 8192 --threads 2
         --data sharegpt:400,sharegpt-answers:1800,code:500 --regenerate 160 --max-len 384 --features $A/$M-features)
-$S train hass "${COMMON[@]}" --objective eagle --epochs 2 --out $A/$M-eagle2
-$S train hass "${COMMON[@]}" --objective hass --epochs 1 --out $A/$M-hass
+"$SELFSPEC" train hass "${COMMON[@]}" --objective eagle --epochs 2 --out $A/$M-eagle2
+"$SELFSPEC" train hass "${COMMON[@]}" --objective hass --epochs 1 --out $A/$M-hass
 E=eagle2:head=$A/$M-eagle2
 H=hass:head=$A/$M-hass
 PAPER=top_k=10:depth=5:total_tokens=60:min_prob=0
 METHODS=ar,$E,$H,$E:$PAPER,$H:$PAPER
 for DS in mt-bench humaneval; do
-  $S bench --model $M --kernels onednn --threads 2 --dataset $DS --limit ${LIMIT:-8} --max-new-tokens 64 \
+  "$SELFSPEC" bench --model $M --kernels onednn --threads 2 --dataset $DS --limit ${LIMIT:-8} --max-new-tokens 64 \
      --methods $METHODS --out $OUT/smollm2-hass-$DS --resume
 done
 # sampling (T = 1): tau of both heads with the same tree
-$S bench --model $M --kernels onednn --threads 2 --dataset mt-bench --max-new-tokens 64 \
+"$SELFSPEC" bench --model $M --kernels onednn --threads 2 --dataset mt-bench --max-new-tokens 64 \
    --temperature 1.0 --methods ar,$E,$H --limit ${T1_LIMIT:-5} --out $OUT/smollm2-hass-mt-bench-t1 --resume
-.venv/bin/python experiments/hass_ablation.py --heads $A --model $M \
+"$PY" experiments/hass_ablation.py --heads $A --model $M \
    --bench $OUT/smollm2-hass-mt-bench $OUT/smollm2-hass-humaneval $OUT/smollm2-hass-mt-bench-t1 \
    --out $OUT/hass-ablation
 bash scripts/readme_results.sh

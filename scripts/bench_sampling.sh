@@ -5,7 +5,7 @@
 # built-in chat prompts (one per category) x 64 tokens, default kernels, one process per run.
 # Resumable: re-run to finish an interrupted run.
 set -euo pipefail
-SELFSPEC=${SELFSPEC:-.venv/bin/selfspec}
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 OUT=${OUT:-docs/results}
 METHODS=${METHODS:-ar,pld,jacobi,self-spec,eagle2}
 for t in 0.7 1.0; do

@@ -6,8 +6,8 @@
 # smollm2-135m-instruct-<method>`), hass on the base model with its shipped head.
 #   bash scripts/bench_trained_defaults.sh          # resumable; OUT=dir METHODS="msn hass" to vary
 set -euo pipefail
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 cd "$(dirname "$0")/.."
-SELFSPEC=${SELFSPEC:-.venv/bin/selfspec}
 B=${MODEL:-smollm2-135m-instruct}
 OUT=${OUT:-docs/results/trained-defaults}
 for W in ${METHODS:-sdsat space msn hass}; do

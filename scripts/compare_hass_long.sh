@@ -10,8 +10,8 @@
 # $SELFSPEC_HOME/heads/<model>-hass and run scripts/ship_heads.py <model> hass).
 #   bash scripts/compare_hass_long.sh            # resumable; OUT=dir KERNELS=onednn to vary
 set -euo pipefail
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 cd "$(dirname "$0")/.."
-SELFSPEC=${SELFSPEC:-.venv/bin/selfspec}
 M=${MODEL:-smollm2-135m-instruct}
 NEW=${HEAD:-${SELFSPEC_HOME:-$HOME/.cache/selfspec}/long/$M-hass}
 OUT=${OUT:-docs/results/hass-long-vs-shipped}

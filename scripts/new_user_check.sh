@@ -8,16 +8,17 @@
 # process, since importing torch and transformers is most of a command's time; two of them also
 # run as separate `python -m selfspec.cli` processes, to check the real exit status and stderr.
 #
-#   bash scripts/new_user_check.sh                      # python on PATH, with selfspec's dependencies
-#   PYTHON=.venv/bin/python bash scripts/new_user_check.sh
+#   bash scripts/new_user_check.sh          # $PY, else the active venv's, the clone's .venv, or PATH's python
+#   PY=/path/to/python bash scripts/new_user_check.sh
 set -u
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's selfspec; tests/ for the model
 export TOKENIZERS_PARALLELISM=false SELFSPEC_KERNELS=stock OMP_NUM_THREADS=1
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export SELFSPEC_HOME="$WORK/home"
-exec "${PYTHON:-python}" - "$WORK" <<'EOF'
+exec "${PYTHON:-$PY}" - "$WORK" <<'EOF'
 import contextlib
 import hashlib
 import io

@@ -9,8 +9,8 @@
 # AVX-512 core; every stage resumes.
 # The shipped HASS head has its own, longer recipe: scripts/train_hass_long.sh (4.26M tokens).
 set -euo pipefail
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 cd "$(dirname "$0")/.."
-SELFSPEC=${SELFSPEC:-.venv/bin/selfspec}
 M=${MODEL:-smollm2-135m-instruct}
 H=${SELFSPEC_HOME:-$HOME/.cache/selfspec}/heads
 "$SELFSPEC" train hass --model "$M" --batch-size 4 --checkpoint-every 25 --resume --lr 3e-4 \

@@ -14,8 +14,8 @@
 # PAR (0.5); msn and sft SPAN (4; sft is validated with this noise span). All: DATA, REGEN (160),
 # MAXLEN (384), RANK (8), LR (3e-4), EPOCHS (2), STEPS (200; sdsat 0 = EPOCHS decide), THREADS (2).
 set -euo pipefail
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 [ $# -ge 1 ] || { echo "usage: $0 METHOD...   (sdsat, space, msn, sft)" >&2; exit 2; }
-SELFSPEC=${SELFSPEC:-.venv/bin/selfspec}
 M=${MODEL:-smollm2-135m-instruct}
 HOME_DIR=${SELFSPEC_HOME:-$HOME/.cache/selfspec}
 for WHAT in "$@"; do

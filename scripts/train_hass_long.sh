@@ -13,8 +13,8 @@
 # The head lands in $SELFSPEC_HOME/long/<model>-hass (not in heads/, where it would replace the
 # shipped head before it is compared: `selfspec bench --methods hass,hass:head=DIR` does that).
 set -euo pipefail
+source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 cd "$(dirname "$0")/.."
-SELFSPEC=${SELFSPEC:-.venv/bin/selfspec}
 M=${MODEL:-smollm2-135m-instruct}
 L=${SELFSPEC_HOME:-$HOME/.cache/selfspec}/long
 "$SELFSPEC" train hass --model "$M" --out "$L/$M-hass" --features "$L/$M-features" \

@@ -54,3 +54,18 @@ def test_markdown_links_stay_inside_the_repo():
             if not path.is_relative_to(ROOT) or not path.exists():
                 bad.append(f"{rel}: link to {target} (no such file in the repo)")
     assert not bad, "\n".join(bad)
+
+
+def test_scripts_readme_names_every_script():
+    """scripts/README.md sorts every file of scripts/ (live or a recorded run); a new script must be added."""
+    text = (ROOT / "scripts" / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "scripts").iterdir())
+               if p.is_file() and p.name != "README.md" and f"`{p.name}`" not in text]
+    assert not missing, f"scripts/README.md does not list {missing}"
+
+
+def test_experiments_readme_names_every_file():
+    text = (ROOT / "experiments" / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "experiments").iterdir())
+               if p.is_file() and p.name != "README.md" and f"`{p.name}`" not in text]
+    assert not missing, f"experiments/README.md does not list {missing}"
