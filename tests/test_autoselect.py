@@ -202,6 +202,30 @@ def test_a_fixed_method_chooses_kernels_without_a_reference():
     assert gens["pld@onednn"].prompts == ["a", "a", "b", "c", "d"]
 
 
+def test_a_reason_shared_by_every_failed_candidate_is_the_error(tiny):
+    """A draft model with another tokenizer fails on every kernels backend: the user reads that
+    reason, not "no candidate ran"; different reasons are each named with their candidate."""
+    clock = FakeClock()
+    cands = [cand("draft-model@stock"), cand("draft-model@onednn")]
+    reason = "draft model 'x' uses a different tokenizer than the target; pick a draft of the same family"
+
+    def fail(c: Candidate):
+        raise SelfspecError(reason)
+
+    with pytest.raises(SelfspecError) as e:
+        autoselect.choose(tiny, fail, cands, None, remeasure=True, prompts=PROMPTS, clock=clock,
+                          monitor=lambda: FakeMonitor(False), busy_now=lambda: False)
+    assert str(e.value) == reason
+
+    def fail_by_kernels(c: Candidate):
+        raise SelfspecError(f"{c.kernels} is not here")
+
+    with pytest.raises(SelfspecError) as e:
+        autoselect.choose(tiny, fail_by_kernels, cands, None, remeasure=True, prompts=PROMPTS, clock=clock,
+                          monitor=lambda: FakeMonitor(False), busy_now=lambda: False)
+    assert "draft-model@stock: stock is not here" in str(e.value) and "onednn is not here" in str(e.value)
+
+
 def test_candidates_come_from_the_registry(tiny):
     cands = autoselect.candidates(tiny, METHODS.values(), ["stock", "onednn"])
     labels = [c.label for c in cands]

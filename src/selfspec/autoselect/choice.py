@@ -122,6 +122,18 @@ def machine_busy() -> bool:
     return LoadMonitor().start().stop().contended
 
 
+def _nothing_ran(errors: dict[str, str]) -> str:
+    """The one line for a calibration where no candidate ran: where every failure had the same
+    reason (a draft model with another tokenizer fails alike on every kernels backend), that reason
+    itself, since it is the user's to fix; else each candidate's."""
+    reasons = list(dict.fromkeys(errors.values()))
+    if len(reasons) == 1:
+        return reasons[0]
+    if reasons:
+        return "auto: no candidate configuration ran here (" + "; ".join(f"{k}: {v}" for k, v in errors.items()) + ")"
+    return "auto: no candidate configuration gave the reference's ids here (see the notes above)"
+
+
 def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
            reference: str | None = None, remeasure: bool = False, prompts: Sequence[str] | None = None,
            clock: Callable[[], float] = time.perf_counter, monitor: Callable[[], LoadMonitor] = LoadMonitor,
@@ -172,7 +184,7 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
     table = cal.finalists()
     label = select(table, cal.identical)
     if label is None:
-        raise SelfspecError("auto: no candidate configuration ran here (see the notes above)")
+        raise SelfspecError(_nothing_ran(cal.errors))
     choice = Choice(next(c for c in cands if c.label == label), table, cal.pruned(), busy=mon.contended)
     ranked = sorted(table.items(), key=lambda kv: -kv[1])
     log.info("auto: chose %s (%s tok/s; %.0f s%s)", label, ", ".join(f"{k} {v:.1f}" for k, v in ranked),
