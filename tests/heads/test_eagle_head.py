@@ -47,6 +47,13 @@ def test_save_load_round_trip(saved, target):
     assert trainable == (2 * h * h + h) + (h * h + 2 * h * 32 + h * h) + 3 * h * i + h
 
 
+def test_saved_files_share_one_mode(saved):
+    """The weights get the mode of the JSON files beside them (safetensors alone leaves 0600)."""
+    _, path = saved
+    modes = {f.name: f.stat().st_mode & 0o777 for f in path.iterdir()}
+    assert len(set(modes.values())) == 1 and modes["model.safetensors"] & 0o044, modes
+
+
 def test_head_for_another_architecture_is_refused(saved):
     _, path = saved
     other = tiny_model("qwen2", seed=1)

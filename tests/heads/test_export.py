@@ -304,6 +304,8 @@ def test_export_loads_strictly_computes_the_head_and_round_trips(engine, family,
     dtype = torch.float16
     res = export_head(tmp_path / "h", target, engine, tmp_path / engine, "fp16")
     cfg, tensors = read_export(res.out)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in res.out.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as config.json (not 0600)
 
     # the engine's module tree, and a strict load into it
     model = DRAFTS[engine](cfg)

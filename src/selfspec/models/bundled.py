@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import SelfspecError
-from ..paths import can_write, selfspec_home
+from ..paths import can_write, selfspec_home, share_modes
 from .manifest import MANIFEST, verify_manifest, write_manifest  # noqa: F401 - MANIFEST: bundled.MANIFEST for callers
 
 log = logging.getLogger("selfspec.models")
@@ -238,18 +237,6 @@ def check_gguf(path: Path) -> None:
     if magic != GGUF_MAGIC:
         raise SelfspecError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'); pass a .gguf "
                             "model file, e.g. from llama.cpp or the Hugging Face Hub")
-
-
-def share_modes(d: Path) -> None:
-    """Give directory ``d`` and the files in it the modes of ones made normally (0755 / 0644 under
-    the usual umask), not ``tempfile``'s private 0700 / 0600: a shared read-only cache must be
-    readable by its other users."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    for root, _dirs, files in os.walk(d):
-        os.chmod(root, 0o777 & ~mask)
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o666 & ~mask)
 
 
 @contextlib.contextmanager

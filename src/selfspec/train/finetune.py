@@ -26,6 +26,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from ..models.finetuned import META_FILE, ROWS_FILE, add_tokens, apply_adapter
+from ..paths import share_file_modes
 from . import loop
 from .conversations import Example
 from .options import TrainingOptions
@@ -132,6 +133,7 @@ def save_adapter(model: torch.nn.Module, new_ids: list[int], out: Path, base_nam
     if outw is not None and outw.weight is not base.get_input_embeddings().weight:
         rows["output"] = outw.weight[new_ids].detach().float().contiguous()
     save_file(rows, str(out / ROWS_FILE))
+    share_file_modes(f, out / ROWS_FILE)  # 0644 like the adapter's config beside them, not safetensors' 0600
 
 
 # ----------------------------------------------------------------------------------- fine-tuning
