@@ -1,9 +1,15 @@
-"""The public API: ``selfspec.load(..., threads=N)``."""
+"""The public API: ``selfspec.load(..., threads=N, progress=...)``."""
+
+import io
+import logging
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import selfspec
+import selfspec.api
 from selfspec.errors import SelfspecError
 
 
@@ -97,3 +103,34 @@ def test_load_with_measure_off_measures_and_writes_nothing(tiny_dir, tmp_path, m
         cached = selfspec.load(str(tiny_dir), "pld", kernels="stock", measure=False)
     assert _files(home) == before
     assert cached.drafter.sizer.profile is not None or not any("stock" in f for f in before)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _noting_load(*args, **kwargs):
+    """Stands in for the real load: one note, as a conversion or a calibration logs it."""
+    logging.getLogger("selfspec.models").info("converting the model (once)")
+    return SimpleNamespace()
+
+
+@pytest.mark.parametrize("progress, terminal, handled, shown", [
+    (True, False, True, True),     # asked for: shown anywhere
+    (False, True, False, False),   # refused: never
+    (None, True, False, True),     # default in a terminal where nothing handles the logger
+    (None, False, False, False),   # default in a script whose stderr is a file or pipe
+    (None, True, True, False),     # default where the program configured logging: the notes go there
+])
+def test_load_shows_its_long_steps_in_a_terminal(monkeypatch, progress, terminal, handled, shown):
+    monkeypatch.setattr(selfspec.api, "_load", _noting_load)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [logging.NullHandler()] if handled else [])
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    logger = logging.getLogger("selfspec")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    selfspec.load("anything", progress=progress)
+    assert ("selfspec: converting the model (once)" in err.getvalue()) == shown, err.getvalue()
+    assert (list(logger.handlers), logger.level, logger.propagate) == before  # put back as it was

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .autoselect.configure import configure
@@ -13,6 +15,7 @@ from .generator import GenerationResult, SpeculativeGenerator, build, torch_thre
 from .models.bundled import DEFAULT_MODEL
 from .models.loading import LoadedModel, Runner, load_model
 from .models.selftest import cached_tree_self_test, keep_int8_promise
+from .notes import notes_on_stderr, show_progress
 from .registry import AUTO, method_config
 
 __all__ = ["AutoGenerator", "CompiledFallback", "GenerationResult", "SpeculativeGenerator", "build", "load",
@@ -22,7 +25,7 @@ __all__ = ["AutoGenerator", "CompiledFallback", "GenerationResult", "Speculative
 def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, device: str | None = "cpu",
          dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
          kernels: str | None = None, remeasure: bool = False, threads: int | None = None, measure: bool = True,
-         **method_options) -> SpeculativeGenerator:
+         progress: bool | None = None, **method_options) -> SpeculativeGenerator:
     """Load a model and a decoding method.
 
     ``auto`` (the default for both ``method`` and ``kernels``, as in the CLI) chooses the
@@ -54,10 +57,14 @@ def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, 
         threads: torch CPU threads to load, measure and generate with (restored after each call;
             None: torch's choice, usually one per core). On a machine busy with other work,
             ``threads=1`` can be several times faster.
+        progress: show the long steps (conversion, calibration, compiling) as ``selfspec: ...`` lines
+            on stderr while loading. None (default): when stderr is a terminal and nothing handles
+            the ``selfspec`` logger, where the notes always go.
         **method_options: options of the method's config, e.g. ``draft_model="..."``, ``k=4``.
     """
     check_threads(threads)
-    with torch_threads(threads):
+    shown = notes_on_stderr() if show_progress(progress) else contextlib.nullcontext()
+    with shown, torch_threads(threads):
         g = _load(model, method, device, dtype, trust_remote_code, self_test, kernels, remeasure, method_options,
                   measure)
     g.threads = threads

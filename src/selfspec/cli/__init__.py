@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import SelfspecError
+from ..notes import notes_on_stderr
 from . import bench, compile, demo, export, generate, models, profile, serve, tune
 from .common import EXIT_USAGE, Parser, version
 
@@ -55,38 +55,9 @@ def _resume_hint(args: argparse.Namespace | None) -> str:
     return ""
 
 
-@contextlib.contextmanager
-def _library_notes() -> Iterator[Callable[[bool], None]]:
-    """While a command runs: the library's notes and warnings (``selfspec.*`` loggers: what
-    ``auto`` measures and chooses, cost profiles, downloads, conversions) as ``selfspec: ...``
-    lines on whatever ``sys.stderr`` is when the message comes (tests replace it), and not passed
-    on to other handlers (no duplicates where something configured the root logger). Yields
-    ``set_quiet(quiet)``: warnings only with ``-q``. Restored afterwards, so a program that calls
-    ``main`` keeps its own ``logging`` set-up."""
-
-    class Stderr(logging.StreamHandler):
-        def emit(self, record: logging.LogRecord) -> None:
-            self.stream = sys.stderr
-            super().emit(record)
-
-    logger = logging.getLogger("selfspec")
-    saved = logger.level, logger.propagate
-    handler = Stderr()
-    handler.setFormatter(logging.Formatter("selfspec: %(message)s"))
-    logger.addHandler(handler)
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    try:
-        yield lambda quiet: logger.setLevel(logging.WARNING if quiet else logging.INFO)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    with _library_notes() as set_quiet:
+    with notes_on_stderr() as set_quiet:
         return _main(argv, set_quiet)
 
 
@@ -104,8 +75,6 @@ def _main(argv: Sequence[str] | None, set_quiet: Callable[[bool], None]) -> int:
         print(f"selfspec: interrupted{_resume_hint(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`selfspec models list | head -1`): no traceback
-        import contextlib
-
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
