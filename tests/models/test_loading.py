@@ -302,10 +302,12 @@ def test_two_first_runs_convert_the_model_once(tmp_path, monkeypatch, tiny_dir, 
     caplog.set_level(logging.INFO, logger="selfspec")
     name = "smollm2-135m-instruct"
     calls = []
+    downloading, release = threading.Event(), threading.Event()
 
-    def slow_download(m, dest):
+    def slow_download(m, dest):  # holds the build lock until the test has seen the other pull wait for it
         calls.append("download")
-        time.sleep(1.0)
+        downloading.set()
+        assert release.wait(30)
         return []
 
     def fake_convert(gguf, out, source):
@@ -317,9 +319,14 @@ def test_two_first_runs_convert_the_model_once(tmp_path, monkeypatch, tiny_dir, 
     monkeypatch.setattr(bundled, "convert_gguf", fake_convert)
     got = []
     threads = [threading.Thread(target=lambda: got.append(bundled.pull(name))) for _ in range(2)]
-    for t in threads:
-        t.start()
-        time.sleep(0.1)
+    threads[0].start()
+    assert downloading.wait(30)  # the first holds the lock, downloading
+    threads[1].start()
+    deadline = time.time() + 30
+    while "waiting for it" not in caplog.text:  # the second found the lock held
+        assert time.time() < deadline and threads[1].is_alive()
+        time.sleep(0.01)  # a poll interval: the order comes from the events and the log, not from sleeping
+    release.set()
     for t in threads:
         t.join()
     assert calls == ["download"] and got == [bundled.model_dir(name)] * 2

@@ -62,9 +62,10 @@ def test_a_client_that_leaves_does_not_disturb_the_others(batched):
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
-        time.sleep(0.1)
-        health = http().get(batched.url + "/health", timeout=10).json()
-        assert health["status"] == "ok" and health["max_batch"] == 4 and 1 <= health["active_slots"] <= 4
+        deadline = time.time() + 10  # until another request has joined the stream's batch (polled, not slept on)
+        while (health := http().get(batched.url + "/health", timeout=10).json())["active_slots"] < 2:
+            assert time.time() < deadline and any(t.is_alive() for t in threads), health
+        assert health["status"] == "ok" and health["max_batch"] == 4 and 2 <= health["active_slots"] <= 4
         stream.close()  # gone mid-batch: it leaves at its next step
         for t in threads:
             t.join(30)

@@ -93,7 +93,17 @@ def test_a_second_ctrl_c_answers_the_request_in_flight_503_json(chat_dir, capsys
     engine.attach(selfspec.load(str(chat_dir), "ar", self_test=False))
     engine.step_hook = lambda: time.sleep(0.02)
     run = Running(engine, AppOptions(model_id="tiny"))
-    server = _Server(uvicorn.Config(run.server.config.app), engine)  # its signal handling, on the running engine
+    timers: list = []  # the force-exit timer, fired by the test (no sleep)
+
+    class FakeTimer:
+        def __init__(self, seconds: float, fn) -> None:
+            self.seconds, self.fn, self.daemon = seconds, fn, False
+            timers.append(self)
+
+        def start(self) -> None:
+            pass
+
+    server = _Server(uvicorn.Config(run.server.config.app), engine, timer=FakeTimer)  # its signal handling
     try:
         result: dict = {}
         started = threading.Event()  # the stream's first event was read (its 200 was sent)
@@ -128,7 +138,8 @@ def test_a_second_ctrl_c_answers_the_request_in_flight_503_json(chat_dir, capsys
             assert json.loads(events[-2])["error"]["code"] == "shutting_down"
         else:
             assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
-        time.sleep(FORCE_EXIT_AFTER_S + 0.5)
+        assert [t.seconds for t in timers] == [FORCE_EXIT_AFTER_S] and not server.force_exit
+        timers[0].fn()  # the timer fires
         assert server.force_exit and "SIGINT again" in capsys.readouterr().err
     finally:
         run.stop()

@@ -70,9 +70,13 @@ def bind(host: str, port: int) -> socket.socket:
 class _Server(uvicorn.Server):
     """uvicorn's server, whose exit signals also drain the engine (and are not re-raised)."""
 
-    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+    def __init__(self, config: uvicorn.Config, engine: Engine,
+                 timer: Callable[[float, Callable[[], None]], threading.Timer] = threading.Timer) -> None:
+        """``timer(seconds, fn)``: starts nothing; returns what calls ``fn`` after ``seconds`` once
+        started (``threading.Timer``; tests pass one they fire themselves)."""
         super().__init__(config)
         self.engine = engine
+        self.timer = timer
         self.stop_signal: int | None = None
 
     def handle_exit(self, sig: int, frame) -> None:
@@ -87,7 +91,7 @@ class _Server(uvicorn.Server):
             print("selfspec serve: SIGINT again: answering the request in flight 503 and stopping now",
                   file=sys.stderr, flush=True)
             self.engine.abort()
-            timer = threading.Timer(FORCE_EXIT_AFTER_S, self._force_exit)
+            timer = self.timer(FORCE_EXIT_AFTER_S, self._force_exit)
             timer.daemon = True
             timer.start()
         else:
