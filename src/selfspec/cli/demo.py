@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if _compiled_left_out(args, spec):
         print("selfspec: note: auto left out the compiled step (a static-shape verify step under torch.compile), "
               "whose steps are not compiled on this machine yet: `selfspec compile` compiles them once (minutes; "
-              "resumable), and auto then times it too (docs/performance.md, \"auto and the compiled step\")",
+              "resumable), and auto then times it too (docs/performance.md, \"The compiled step\")",
               file=sys.stderr)
     spec.save_cost_correction()
     if kw["temperature"] == 0 and not m.same_ids and s.lossless:

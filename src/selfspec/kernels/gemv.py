@@ -12,13 +12,13 @@ product is a reduction that Inductor generates as a vectorised loop split over t
 fused with the step's other loops: 1.5x faster per decode step there (docs/performance.md,
 "one-token products"). A block of up to :data:`ROWS` rows is one such reduction per row over
 the same weights, which Inductor fuses into one loop that reads each weight block once for all
-rows (docs/performance.md, "few-row products": SmolLM2's compiled 2-, 4- and 8-token steps
+rows (docs/lab-notes/compiled-step.md, "few-row products": SmolLM2's compiled 2-, 4- and 8-token steps
 1.6x, 1.7x and 1.5x faster than with oneDNN's kernel there).
 
 The block must be the width of the vectors Inductor writes: with 8 lanes on an AVX-512 CPU (16-lane
 vectors), Inductor vectorised the lanes with masked half-width loads and split each block's sum over
 ``K`` across the threads instead, one parallel region per block of 8 outputs, and SmolLM2's compiled
-one-token step took 59 ms against 15 ms with 16 lanes (docs/performance.md, "The compiled step on
+one-token step took 59 ms against 15 ms with 16 lanes (docs/lab-notes/compiled-step.md, "The compiled step on
 AVX-512").
 
 Larger blocks keep oneDNN's blocked kernel (the fused loop's accumulators run out of registers

@@ -169,7 +169,7 @@ INDUCTOR_OPTIONS = {"realize_reads_threshold": 1, "size_asserts": False}
   one (8.4 against 30.8 ms on a 2-layer cut, AVX2).
 - ``size_asserts`` off: the generated wrapper checked the size and strides of every input at every
   call (about 600 checks a step on SmolLM2: the weights are inputs), 5-7% of a one-token step and
-  4-6% of an 8-token one on AVX-512 (``docs/performance.md``, "Attention over the written
+  4-6% of an 8-token one on AVX-512 (``docs/lab-notes/compiled-step.md``, "Attention over the written
   positions"). The step's inputs cannot differ from those it was compiled for: each saved step is
   one padded block on one cache capacity (both in its name), its inputs are built by
   :class:`~selfspec.models.compiled_step.StaticStep` at exactly that shape, and the weights and
