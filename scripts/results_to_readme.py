@@ -114,6 +114,32 @@ def summary_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def spread(s: dict) -> str:
+    """``; by category 1.07x-7.61x `ar``` (the method's lowest and highest category speedup): a mean
+    that repetition in some categories lifts shows it."""
+    cats = s.get("by_category") or {}
+    if len(cats) < 2:
+        return ""
+    (lo_c, lo), (hi_c, hi) = min(cats.items(), key=lambda kv: kv[1]), max(cats.items(), key=lambda kv: kv[1])
+    return f"; by category {lo:.2f}x `ar` ({lo_c}) to {hi:.2f}x ({hi_c})"
+
+
+def llama_ratios(rep: dict, s: dict) -> str:
+    """``, 0.92x llama.cpp F32 (exact comparison), 0.47x llama.cpp on its own Q4_K_M GGUF (lossy: 10/20
+    identical)`` for a method's summary ``s``, where the run has those peers; else nothing."""
+    out = []
+    labels = {"llama.cpp-f32": "llama.cpp F32 (same weights)",
+              "llama.cpp": "llama.cpp on {desc} (**lossy**: {ident} identical to `ar`)"}
+    for peer, label in labels.items():
+        p = rep["summary"].get(peer)
+        if not p or not p.get("tokens_per_s"):
+            continue
+        desc = rep["meta"].get("peer_info", {}).get(peer, {}).get("desc", "its own GGUF")
+        ratio = s["tokens_per_s"] / p["tokens_per_s"]
+        out.append(f"{ratio:.2f}x " + label.format(desc=desc, ident=p.get("identical", "-")))
+    return "; " + ", ".join(out) if out else ""
+
+
 def defaults_line(reports: list[dict]) -> str:
     """What a user gets with no flags, from the `scripts/bench_defaults.sh` runs (if present)."""
     out = []
@@ -131,7 +157,8 @@ def defaults_line(reports: list[dict]) -> str:
                 q = " (**quantised model**)" if s.get("backend") == "int8" else ""
                 parts.append(f"`{name}`{q} {s['speedup_vs_hf']:.2f}x `generate` ({s['speedup']:.2f}x `ar`, tau "
                              f"{s['tau']:.2f}, identical to ar {s.get('identical', '-')}, to `generate` "
-                             f"{s.get('identical_to_hf', '-')})")
+                             f"{s.get('identical_to_hf', '-')})"
+                             + (spread(s) + llama_ratios(rep, s) if base_method(name) == "auto" else ""))
         if parts:
             out.append(f"- **{meta['model']}**, {meta['prompts']} built-in chat prompts × "
                        f"{meta['generation']['max_new_tokens']} tokens, greedy, one process "
@@ -282,7 +309,10 @@ def main() -> None:
     readme = Path(args[0]) if args else Path("README.md")
     dirs = [Path(d) for d in args[1:]] or sorted(p.parent for p in RESULTS.glob("*/report.json"))
     reports = [load(d) for d in dirs]
-    rows = best_rows(reports)
+    # the other models' defaults runs have their own lines above the table; a base model's repetitive text
+    # (Gemma-3-270M's) would make the best-of-all rows of prompt lookup say more than any user sees
+    rows = best_rows([r for r in reports if not (r["dir"].name.startswith("defaults-")
+                                                  and not r["dir"].name.startswith("defaults-smollm2"))])
     plot(rows, RESULTS / "summary.png")
     per_run = "\n\n".join(section(r) for r in reports)
     (RESULTS / "README.md").write_text(
