@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,16 +58,12 @@ def test_markdown_links_stay_inside_the_repo():
     assert not bad, "\n".join(bad)
 
 
-def test_scripts_readme_names_every_script():
-    """scripts/README.md sorts every file of scripts/ (live or a recorded run); a new script must be added."""
-    text = (ROOT / "scripts" / "README.md").read_text()
-    missing = [p.name for p in sorted((ROOT / "scripts").iterdir())
-               if p.is_file() and p.name != "README.md" and f"`{p.name}`" not in text]
-    assert not missing, f"scripts/README.md does not list {missing}"
 
-
-def test_experiments_readme_names_every_file():
-    text = (ROOT / "experiments" / "README.md").read_text()
-    missing = [p.name for p in sorted((ROOT / "experiments").iterdir())
+@pytest.mark.parametrize("folder", ["scripts", "experiments"])
+def test_a_folders_readme_names_every_file(folder):
+    """scripts/README.md sorts every script (live or a recorded run), experiments/README.md lists every
+    experiment: a new file must be added there."""
+    text = (ROOT / folder / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / folder).iterdir())
                if p.is_file() and p.name != "README.md" and f"`{p.name}`" not in text]
-    assert not missing, f"experiments/README.md does not list {missing}"
+    assert not missing, f"{folder}/README.md does not list {missing}"

@@ -180,8 +180,7 @@ def share_modes(d: Path) -> None:
     mask = umask()
     for root, _dirs, files in os.walk(d):
         os.chmod(root, 0o777 & ~mask)
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+        share_file_modes(*(Path(root, name) for name in files))
 
 
 def share_file_modes(*files: Path) -> None:
@@ -190,3 +189,12 @@ def share_file_modes(*files: Path) -> None:
     mask = umask()
     for f in files:
         os.chmod(f, 0o666 & ~mask)
+
+
+def save_safetensors(tensors: dict, path: Path, metadata: dict | None = None) -> None:
+    """``safetensors``' ``save_file`` of ``tensors`` to ``path``, with the mode of the files beside it
+    (:func:`share_file_modes`): the one way heads, exports and adapters write their weights."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    share_file_modes(path)

@@ -24,14 +24,14 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from ..core import kv_cache
 from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
 from ..models.skipping import decoder_layers
-from ..paths import share_file_modes
+from ..paths import save_safetensors
 
 HEAD_FORMAT = "selfspec-eagle-head/1"
 META_FILE = "selfspec_head.json"
@@ -142,8 +142,7 @@ def save_head_files(head: nn.Module, out: Path | str, head_meta: dict, meta: dic
     if head.draft_vocab is not None:
         state["d2t"], state["t2d"] = head.draft_vocab.d2t(), head.draft_vocab.t2d()
         extra["draft_vocab_size"] = head.draft_vocab.size
-    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    share_file_modes(out / WEIGHTS_FILE)  # 0644 like config.json beside it, not safetensors' 0600
+    save_safetensors(state, out / WEIGHTS_FILE, metadata={"format": "pt"})
     cfg = head.config.to_dict()
     cfg.pop("_attn_implementation_autoset", None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")

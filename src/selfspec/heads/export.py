@@ -43,10 +43,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..errors import SelfspecError
-from ..paths import share_file_modes
+from ..paths import save_safetensors
 from .checkpoints import ATTN, EMBED, TOKEN_MAP_FILE
 from .eagle import WEIGHTS_FILE, load_head, read_meta
 from .eagle3 import ARCH_FIELD, HEAD_ARCH
@@ -179,9 +178,8 @@ def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out:
     out.mkdir(parents=True, exist_ok=True)
     for stale in (TOKEN_MAP_FILE, "pytorch_model.bin"):  # a previous export into the same directory
         (out / stale).unlink(missing_ok=True)
-    save_file({k: v.to(tdtype).contiguous() for k, v in sorted(state.items())}, str(out / WEIGHTS_FILE),
-              metadata={"format": "pt"})
-    share_file_modes(out / WEIGHTS_FILE)  # 0644 like config.json beside it, not safetensors' 0600
+    save_safetensors({k: v.to(tdtype).contiguous() for k, v in sorted(state.items())}, out / WEIGHTS_FILE,
+                     metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
     res.files = [WEIGHTS_FILE, "config.json"]
     for name, obj in extra.items():

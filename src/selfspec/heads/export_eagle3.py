@@ -14,10 +14,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..errors import SelfspecError
-from ..paths import share_file_modes
+from ..paths import save_safetensors
 from .checkpoints import AUX_IDS, TOKEN_MAP_FILE
 from .eagle import WEIGHTS_FILE
 from .eagle3 import default_feature_layers, load_eagle3_head
@@ -71,8 +70,7 @@ def export_eagle3(head_dir: Path | str, target: torch.nn.Module, engine: str, ou
     out.mkdir(parents=True, exist_ok=True)
     for stale in (TOKEN_MAP_FILE, "pytorch_model.bin"):
         (out / stale).unlink(missing_ok=True)
-    save_file(dict(sorted(state.items())), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    share_file_modes(out / WEIGHTS_FILE)  # 0644 like config.json beside it, not safetensors' 0600
+    save_safetensors(dict(sorted(state.items())), out / WEIGHTS_FILE, metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
     res.files = [WEIGHTS_FILE, "config.json"]
     return res

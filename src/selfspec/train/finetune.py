@@ -26,7 +26,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from ..models.finetuned import META_FILE, ROWS_FILE, add_tokens, apply_adapter
-from ..paths import share_file_modes
+from ..paths import save_safetensors
 from . import loop
 from .conversations import Example
 from .options import TrainingOptions
@@ -117,7 +117,7 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
 def save_adapter(model: torch.nn.Module, new_ids: list[int], out: Path, base_name: str = "") -> None:
     """LoRA weights (fp16, peft layout) and the new token rows (fp32) into ``out``; the adapter's
     config names the base model by ``base_name`` (not a local path)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     out.mkdir(parents=True, exist_ok=True)
     if base_name:
@@ -126,14 +126,13 @@ def save_adapter(model: torch.nn.Module, new_ids: list[int], out: Path, base_nam
     model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
     (out / "README.md").unlink(missing_ok=True)  # peft's model-card template
     f = out / "adapter_model.safetensors"
-    save_file({k: v.half().contiguous() for k, v in load_file(str(f)).items()}, str(f))
+    save_safetensors({k: v.half().contiguous() for k, v in load_file(str(f)).items()}, f)
     base = _base_model(model)
     rows = {"input": base.get_input_embeddings().weight[new_ids].detach().float().contiguous()}
     outw = base.get_output_embeddings()
     if outw is not None and outw.weight is not base.get_input_embeddings().weight:
         rows["output"] = outw.weight[new_ids].detach().float().contiguous()
-    save_file(rows, str(out / ROWS_FILE))
-    share_file_modes(f, out / ROWS_FILE)  # 0644 like the adapter's config beside them, not safetensors' 0600
+    save_safetensors(rows, out / ROWS_FILE)
 
 
 # ----------------------------------------------------------------------------------- fine-tuning
