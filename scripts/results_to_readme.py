@@ -114,6 +114,12 @@ def summary_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def other_model_defaults(rep: dict) -> bool:
+    """A `defaults-*` run of a model other than the default one (its own line under the headline)."""
+    name = rep["dir"].name
+    return name.startswith("defaults-") and not name.startswith("defaults-smollm2")
+
+
 def spread(s: dict) -> str:
     """``; by category 1.07x-7.61x `ar``` (the method's lowest and highest category speedup): a mean
     that repetition in some categories lifts shows it."""
@@ -144,7 +150,7 @@ def defaults_line(reports: list[dict]) -> str:
     """What a user gets with no flags, from the `scripts/bench_defaults.sh` runs (if present)."""
     out = []
     for rep in reports:
-        if not rep["dir"].name.startswith("defaults-") or rep["dir"].name.startswith("defaults-smollm2"):
+        if not other_model_defaults(rep):
             continue  # the default model's runs are the headline table
         meta, summ = rep["meta"], rep["summary"]
         env = meta["environment"]
@@ -311,8 +317,7 @@ def main() -> None:
     reports = [load(d) for d in dirs]
     # the other models' defaults runs have their own lines above the table; a base model's repetitive text
     # (Gemma-3-270M's) would make the best-of-all rows of prompt lookup say more than any user sees
-    rows = best_rows([r for r in reports if not (r["dir"].name.startswith("defaults-")
-                                                  and not r["dir"].name.startswith("defaults-smollm2"))])
+    rows = best_rows([r for r in reports if not other_model_defaults(r)])
     plot(rows, RESULTS / "summary.png")
     per_run = "\n\n".join(section(r) for r in reports)
     (RESULTS / "README.md").write_text(
