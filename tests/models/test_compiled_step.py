@@ -228,6 +228,7 @@ def test_decoding_after_the_load_time_compile_compiles_nothing(tmp_path):
     assert r.new_tokens == 6
 
 
+@pytest.mark.matrix  # a second process (16 s here): CI's second command
 def test_a_second_process_loads_the_saved_step_without_tracing(compiled, ar_ids, tmp_path, monkeypatch):
     """On CPU each shape's step is compiled ahead of time and saved; a new step (as in a second
     process) loads it from the cache directory and traces nothing, with ids unchanged. A file

@@ -150,17 +150,18 @@ WARPERS = {
     "t1.3-topp0.8": Warper(1.3, top_p=0.8),
 }
 
+_HEAVY = pytest.mark.statistical  # the rest of the grid: CI's second command (the default tier keeps one case per rule)
 CASES = [
     ("random", "chain", "t1"),
-    ("random", "chain", "t0.7-topk4"),
-    ("random", "chain", "t1.3-topp0.8"),
+    pytest.param("random", "chain", "t0.7-topk4", marks=_HEAVY),
+    pytest.param("random", "chain", "t1.3-topp0.8", marks=_HEAVY),
     ("equal", "chain", "t1"),
     ("disjoint", "chain", "t1"),
-    ("onehot", "chain", "t1"),
-    ("zeros", "chain", "t1"),
+    pytest.param("onehot", "chain", "t1", marks=_HEAVY),
+    pytest.param("zeros", "chain", "t1", marks=_HEAVY),
     ("random", "tree-iid", "t1"),
-    ("random", "tree-iid", "t0.7-topk4"),
-    ("disjoint", "tree-iid", "t1"),
+    pytest.param("random", "tree-iid", "t0.7-topk4", marks=_HEAVY),
+    pytest.param("disjoint", "tree-iid", "t1", marks=_HEAVY),
     ("random", "tree-top2", "t1"),
     ("random", "tree-top2", "t1.3-topp0.8"),
 ]
