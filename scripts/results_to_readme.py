@@ -3,10 +3,12 @@
 
 usage: python scripts/results_to_readme.py [README.md] [BENCH_DIR ...]
 
-- README.md, between the results markers: one row per method at its best measured greedy
-  configuration (highest speedup over `ar` in any run), with tau, speedup vs `ar` and vs
-  `transformers` `generate` (where that run measured it), identical k/n, model, data and machine.
-- docs/results/README.md: every run's full table (what the README used to hold).
+- README.md, between the results markers: the defaults runs only (what a user gets with no flags):
+  the default model's headline table per CPU family, the other models' lines, and the quantised
+  (`--kernels int8`) runs under a heading of their own.
+- docs/results/README.md: one row per method at its best measured greedy configuration (highest
+  speedup over `ar` in any run; it left the README, whose figures are the defaults), then every
+  run's full table.
 - docs/results/summary.png: the summary as a bar chart.
 
 Without BENCH_DIRs every directory under docs/results with a report.json is used.
@@ -120,6 +122,11 @@ def other_model_defaults(rep: dict) -> bool:
     return name.startswith("defaults-") and not name.startswith("defaults-smollm2")
 
 
+def quantised(rep: dict) -> bool:
+    """A run whose methods ran on the int8 model (``--kernels int8``): not what a user gets with no flags."""
+    return any(s.get("backend") == "int8" for s in rep["summary"].values() if s.get("kind") == "method")
+
+
 def spread(s: dict) -> str:
     """``; by category 1.07x-7.61x `ar``` (the method's lowest and highest category speedup): a mean
     that repetition in some categories lifts shows it."""
@@ -146,11 +153,12 @@ def llama_ratios(rep: dict, s: dict) -> str:
     return "; " + ", ".join(out) if out else ""
 
 
-def defaults_line(reports: list[dict]) -> str:
-    """What a user gets with no flags, from the `scripts/bench_defaults.sh` runs (if present)."""
+def defaults_line(reports: list[dict], int8: bool = False) -> str:
+    """What a user gets with no flags, from the `scripts/bench_defaults.sh` runs (if present);
+    ``int8``: the quantised runs of the other models instead, under their own heading."""
     out = []
     for rep in reports:
-        if not other_model_defaults(rep):
+        if not other_model_defaults(rep) or quantised(rep) != int8:
             continue  # the default model's runs are the headline table
         meta, summ = rep["meta"], rep["summary"]
         env = meta["environment"]
@@ -172,6 +180,9 @@ def defaults_line(reports: list[dict]) -> str:
                        f"`{rep['dir'].name}`): " + "; ".join(parts) + ".")
     if not out:
         return ""
+    if int8:
+        return ("Quantised, **not** the fp32 model's output (`--kernels int8`: lossless with respect to the int8 "
+                "model; its quality cost is in `docs/performance.md`):\n\n" + "\n".join(out) + "\n\n")
     return ("With no flags (`scripts/bench_defaults.sh`: default kernels `auto`, default method `auto`, "
             "against `transformers` `generate` in fp32 on stock kernels, in the same run):\n\n" + "\n".join(out)
             + "\n\n")
@@ -224,63 +235,85 @@ def ratio_ci(rates: dict[str, dict[int, float]], a: str, b: str) -> str:
     return f"**{mean:.2f}x** [{mean - half:.2f}, {mean + half:.2f}]"
 
 
+STAGES = ("fresh", "compiled")
+"""A CPU family's two headline rows: a fresh machine (``defaults-smollm2-FAMILY-fresh``: README command
+1's configuration before ``selfspec compile``) and after it (``defaults-smollm2-FAMILY``)."""
+PEER_COLUMNS = (("llama.cpp-f32", "vs llama.cpp F32"), ("llama.cpp-q8_0", "vs llama.cpp Q8_0 (**lossy**)"),
+                ("openvino-f32", "vs OpenVINO f32"), ("openvino", "vs OpenVINO default (**lossy**)"))
+
+
+def stage(rep: dict) -> str:
+    """``fresh`` for a fresh-machine defaults run, ``compiled`` for one after ``selfspec compile``."""
+    return "fresh" if rep["dir"].name.endswith("-fresh") else "compiled"
+
+
 def headline(reports: list[dict]) -> str:
-    """The README's first table: the latest defaults run of the default model on each CPU family
-    (``scripts/bench_defaults.sh``: runs named ``defaults-smollm2*``), with 95% intervals over repeats."""
-    latest: dict[str, dict] = {}
+    """The README's first table: per CPU family, the latest defaults run of the default model on a
+    fresh machine and after ``selfspec compile`` (``scripts/bench_defaults.sh``: runs named
+    ``defaults-smollm2*``), against ``generate`` and the engines a CPU user would run instead, with
+    95% intervals over repeats."""
+    latest: dict[tuple[str, str], dict] = {}
     for rep in reports:
         if not rep["dir"].name.startswith("defaults-smollm2"):
             continue
         env = rep["meta"]["environment"]
-        fam = family(env.get("cpu_flags", ""))
+        key = (family(env.get("cpu_flags", "")), stage(rep))
         recs = read_records(rep["dir"])
         stamps = [r["time"] for r in recs if isinstance(r.get("time"), (int, float))]
         when = time.strftime("%Y-%m-%d", time.gmtime(max(stamps))) if stamps else ""
         rep["when"], rep["records"] = when, recs
-        if fam not in latest or when > latest[fam]["when"]:
-            latest[fam] = rep
+        if key not in latest or when > latest[key]["when"]:
+            latest[key] = rep
     if not latest:
         return ""
-    lines = ["| CPU (flags) | default configuration | vs `transformers` `generate` | vs llama.cpp F32 | vs `ar` "
-             "| vs best fixed configuration | identical to `ar` | repeats | measured at |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| CPU (flags) | machine | default configuration | vs `transformers` `generate` | "
+             + " | ".join(label for _, label in PEER_COLUMNS)
+             + " | vs `ar` | vs best fixed configuration | identical to `ar` | repeats | measured at |",
+             "|---|---|---|---|" + "---|" * len(PEER_COLUMNS) + "---|---|---|---|---|"]
     for fam in ("AVX2", "AVX-512 VNNI", "AMX Intel Xeon", "unknown"):
-        rep = latest.get(fam)
-        if rep is None:
-            continue
-        meta, summ = rep["meta"], rep["summary"]
-        env = meta["environment"]
-        rates = per_repeat_rates(rep["records"])
-        auto = next((n for n in summ if base_method(n) == "auto"), None)
-        if auto is None:
-            continue
-        ar = summ[auto].get("baseline", "ar")
-        fixed = [n for n, v in summ.items() if v.get("kind") == "method" and base_method(n) != "auto"
-                 and v.get("lossless", True) and v.get("backend") != "int8"]
-        best = max(fixed, key=lambda n: summ[n]["tokens_per_s"], default=None)
-        f32 = next((n for n in summ if n == "llama.cpp-f32"), None)
-        repeats = meta.get("repeats", 1)
-        commit = str(env.get("git", "?"))[:12]
-        compiled_note = " (after `selfspec compile`, once per machine)" if "@compiled" in auto else ""
-        lines.append(
-            f"| {fam} ({env.get('cpu_flags') or 'flags not recorded'}), {env['machine'].split('|')[1]} "
-            f"| `{auto}`{compiled_note} | {ratio_ci(rates, auto, 'hf')} "
-            f"| {ratio_ci(rates, auto, f32) if f32 else 'not measured'} "
-            f"| {ratio_ci(rates, auto, ar)} | {ratio_ci(rates, auto, best) if best else '-'} (`{best}`) "
-            f"| {summ[auto].get('identical', '-')} | {repeats} | `{commit}`, {rep['when'] or 'date not recorded'} "
-            f"(`{rep['dir'].name}`) |")
-    missing = [f for f in ("AVX2", "AVX-512 VNNI", "AMX Intel Xeon") if f not in latest]
-    if missing:
+        for st in STAGES:
+            rep = latest.get((fam, st))
+            if rep is None:
+                continue
+            meta, summ = rep["meta"], rep["summary"]
+            env = meta["environment"]
+            rates = per_repeat_rates(rep["records"])
+            auto = next((n for n in summ if base_method(n) == "auto"), None)
+            if auto is None:
+                continue
+            ar = summ[auto].get("baseline", "ar")
+            fixed = [n for n, v in summ.items() if v.get("kind") == "method" and base_method(n) != "auto"
+                     and v.get("lossless", True) and v.get("backend") != "int8"]
+            best = max(fixed, key=lambda n: summ[n]["tokens_per_s"], default=None)
+            peers = " | ".join(ratio_ci(rates, auto, p) if p in summ and summ[p].get("tokens_per_s")
+                               else ("**failed**" if p in summ else "not measured") for p, _ in PEER_COLUMNS)
+            commit = str(env.get("git", "?"))[:12]
+            machine = "fresh (no `selfspec compile`)" if st == "fresh" else "after `selfspec compile`"
+            lines.append(
+                f"| {fam} ({env.get('cpu_flags') or 'flags not recorded'}), {env['machine'].split('|')[1]} "
+                f"| {machine} | `{auto}` | {ratio_ci(rates, auto, 'hf')} | {peers} "
+                f"| {ratio_ci(rates, auto, ar)} | {ratio_ci(rates, auto, best) if best else '-'} (`{best}`) "
+                f"| {summ[auto].get('identical', '-')} | {meta.get('repeats', 1)} "
+                f"| `{commit}`, {rep['when'] or 'date not recorded'} (`{rep['dir'].name}`) |")
+    families = {f for f, _ in latest}
+    missing = [f for f in ("AVX2", "AVX-512 VNNI", "AMX Intel Xeon") if f not in families]
+    no_fresh = [f for f in families if (f, "fresh") not in latest]
+    if missing or no_fresh:
         lines.append("")
+    if missing:
         lines.append(f"No defaults run of {' or '.join(missing)} is in the tree yet: run "
                      "`bash scripts/bench_defaults.sh` there and `bash scripts/readme_results.sh`.")
+    if no_fresh:
+        lines.append(f"No fresh-machine row of {' or '.join(sorted(no_fresh))} yet (its runs predate it).")
     return ("**What you get with no flags**, per CPU family met so far (`scripts/bench_defaults.sh`: the default "
             "model SmolLM2-135M-Instruct, 10 built-in chat prompts × 64 tokens, greedy; default kernels and method "
             "`auto`; every figure a ratio of tokens/s measured in the same process, mean over repeats with a 95% "
-            "interval; `generate` is `transformers` fp32 on stock kernels; llama.cpp runs the same weights as F32 "
-            "GGUF through llama-cpp-python on the same prompt ids). `auto` times the `compiled` backend where "
-            "`selfspec compile` has saved its steps (the script runs it first; without it, `auto` chooses among the "
-            "eager backends). A family keeps its last run until someone re-measures it.\n\n"
+            "interval; `generate` is `transformers` fp32 on stock kernels; llama.cpp and OpenVINO GenAI run the "
+            "same weights on the same prompt ids: F32 GGUF (and OpenVINO at f32 precision) is the exact comparison, "
+            "the columns marked **lossy** change the weights or the arithmetic). Two rows per family: a fresh "
+            "machine (README command 1 before `selfspec compile`: `auto` chooses among the eager backends) and "
+            "after `selfspec compile` has saved its steps (`auto` then times the `compiled` backend too). A family "
+            "keeps its last run until someone re-measures it.\n\n"
             + "\n".join(lines) + "\n\n")
 
 
@@ -325,14 +358,17 @@ def main() -> None:
         f"`scripts/results_to_readme.py` ({NOTE}). Each directory holds the run's records and report; its plots "
         "are redrawn by `python scripts/replot.py docs/results/RUN` (the tree keeps only the plots the docs show, "
         "to stay small for GPU calls). The first GPU run (NVIDIA H200) is in `gpu-nvidia-h200/`.\n\n"
-        f"{per_run}\n")
+        "## Each method at its best measured configuration\n\n"
+        "One row per method at its best measured greedy configuration over all runs below, on whatever flags "
+        "that run passed: **not** what a user gets with no flags (the README's tables are). For comparing "
+        "methods, not for quoting.\n\n"
+        f"{summary_table(rows)}\n\n![speedups](summary.png)\n\n## Every run\n\n{per_run}\n")
     text = readme.read_text()
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
-    body = (f"{headline(reports)}{defaults_line(reports)}For reference, one row per method at its best measured "
-            f"greedy configuration over all runs in `docs/results/` "
-            f"({NOTE}). Every run, in full: [docs/results/README.md](docs/results/README.md).\n\n"
-            f"{summary_table(rows)}\n\n![speedups](docs/results/summary.png)")
+    body = (f"{headline(reports)}{defaults_line(reports)}{defaults_line(reports, int8=True)}"
+            "Every run in full, and each method at its best measured configuration (on the flags that run passed): "
+            "[docs/results/README.md](docs/results/README.md).")
     readme.write_text(f"{head}{START}\n{body}\n{END}{tail}")
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from selfspec.bench import llamacpp, llamacpp_worker
-from selfspec.bench.llamacpp import LlamaCppPeer, PeerFailure, expand_peers, model_gguf
+from selfspec.bench import llamacpp, peer_worker
+from selfspec.bench.llamacpp import PeerFailure, WorkerPeer, expand_peers, model_gguf
 from selfspec.cli import main
 from selfspec.errors import SelfspecError
 
-FAKE = [sys.executable, str(Path(__file__).with_name("fake_llamacpp_worker.py"))]
+FAKE = [sys.executable, str(Path(__file__).with_name("fake_peer_worker.py"))]
 
 
 def greedy_table(tiny_dir, dataset) -> dict[str, list[int]]:
@@ -42,7 +42,7 @@ def greedy_table(tiny_dir, dataset) -> dict[str, list[int]]:
 def fake(monkeypatch, tiny_dir, dataset, tmp_path):
     """The fake worker in place of llama-cpp-python, answering as the tiny model; returns a GGUF stand-in."""
     monkeypatch.setattr(llamacpp, "WORKER", Path(FAKE[1]))
-    monkeypatch.setattr("selfspec.bench.runner.require_llama_cpp", lambda: None)
+    monkeypatch.setattr("selfspec.bench.runner.require_peers", lambda peers: None)
     table = tmp_path / "greedy.json"
     table.write_text(json.dumps(greedy_table(tiny_dir, dataset)))
     monkeypatch.setenv("FAKE_LLAMA_TABLE", str(table))
@@ -84,25 +84,65 @@ def test_llama_peers_run_the_gguf_and_its_f32_on_our_prompt_ids(tiny_dir, datase
                  kernels) == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     ar_name = "ar" if kernels == "stock" else f"ar@{kernels}"  # peers compare with ar on the backend that ran
-    assert {r["method"] for r in records} == {ar_name, "hf", "llama.cpp", "llama.cpp-f32"}
+    assert {r["method"] for r in records} == {ar_name, "hf", "llama.cpp", "llama.cpp-f32", "llama.cpp-q8_0"}
     ar = {r["prompt_id"]: r["token_ids"] for r in records if r["method"] == ar_name}
     for r in records:
         if r["method"].startswith("llama.cpp"):
             assert r["kind"] == "peer" and "failure" not in r and r["wall_s"] > 0
             assert r["token_ids"] == ar[r["prompt_id"]] and len(r["token_ids"]) == 8
     rep = json.loads((out / "report.json").read_text())
-    for name in ("llama.cpp", "llama.cpp-f32"):
+    for name in ("llama.cpp", "llama.cpp-f32", "llama.cpp-q8_0"):
         s = rep["summary"][name]
         assert s["identical"] == "3/3" and s["tokens_per_s"] > 0 and s["speedup"] is not None
         assert s["baseline"] == ar_name
     info = rep["meta"]["peer_info"]
     assert info["llama.cpp"]["gguf"] == str(fake) and info["llama.cpp-f32"]["gguf"].endswith(".f32.gguf")
     assert Path(info["llama.cpp-f32"]["gguf"]).read_bytes() == fake.read_bytes()  # the fake "requantized" it
-    assert info["llama.cpp"]["llama_cpp"] == "0.0-fake"
+    assert info["llama.cpp"]["version"] == "0.0-fake" and info["llama.cpp"]["engine"] == "llama.cpp"
+    assert info["llama.cpp"]["lossy"] and info["llama.cpp-q8_0"]["lossy"] and not info["llama.cpp-f32"]["lossy"]
+    assert info["llama.cpp-q8_0"]["gguf"].endswith(".q8_0.gguf")
     md = (out / "report.md").read_text()
     assert "| llama.cpp-f32 | stock | peer |" in md
     assert "llama.cpp peers (llama-cpp-python 0.0-fake, 1 threads, greedy on the same prompt ids): llama.cpp on " \
-           "`tiny-q4.gguf` (fake tiny-q4.gguf), llama.cpp-f32 on `tiny-q4-" in md
+           "`tiny-q4.gguf` (fake tiny-q4.gguf) (**lossy**), llama.cpp-f32 on `tiny-q4-" in md
+
+
+def test_openvino_peers_run_on_our_prompt_ids_and_its_default_precision_is_labelled_lossy(tiny_dir, dataset,
+                                                                                         tmp_path, fake):
+    out = tmp_path / "run"
+    assert bench(tiny_dir, dataset, out, "--peers", "openvino", "--llama-gguf", str(fake)) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in records} == {"ar", "openvino", "openvino-f32", "openvino-pld"}
+    ar = {r["prompt_id"]: r["token_ids"] for r in records if r["method"] == "ar"}
+    for r in records:
+        if r["method"].startswith("openvino"):
+            assert r["kind"] == "peer" and "failure" not in r and r["token_ids"] == ar[r["prompt_id"]]
+            assert r["lossless"] == (r["method"] != "openvino")  # its default precision changes the arithmetic
+    info = json.loads((out / "report.json").read_text())["meta"]["peer_info"]
+    assert {i["engine"] for i in info.values()} == {"openvino"}
+    assert info["openvino"]["gguf"] == str(fake) and info["openvino-f32"]["gguf"].endswith(".f32.gguf")
+    md = (out / "report.md").read_text()
+    assert "openvino peers (openvino-genai 0.0-fake, 1 threads, greedy on the same prompt ids): openvino-f32 on " in md
+    assert "openvino on `tiny-q4.gguf` (fake tiny-q4.gguf) (**lossy**)" in md
+
+
+def test_the_openvino_worker_is_asked_for_its_engine_and_precision():
+    assert llamacpp.engine_args("llama.cpp") == [] and llamacpp.engine_args("llama.cpp-f32") == []
+    assert llamacpp.engine_args("openvino-f32") == ["--engine", "openvino", "--precision", "f32"]
+    assert llamacpp.engine_args("openvino") == ["--engine", "openvino", "--precision", "default"]
+    assert llamacpp.engine_args("openvino-pld")[-1] == "--prompt-lookup"
+    assert {p: llamacpp.requant(p) for p in llamacpp.WORKER_PEERS if llamacpp.requant(p)} == {
+        "llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0", "openvino-f32": "f32", "openvino-pld": "f32"}
+
+
+def test_without_openvino_the_peer_is_a_one_line_error_with_the_install_command(tiny_dir, dataset, tmp_path,
+                                                                                 monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "openvino_genai", None)  # not importable, whatever is installed here
+    monkeypatch.setattr(llamacpp, "require_llama_cpp", lambda: None)
+    assert bench(tiny_dir, dataset, tmp_path / "o", "--peers", "openvino") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'selfspec[openvino]'" in err and "openvino-genai" in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_crash_is_reported_as_a_crash_never_as_a_figure(tiny_dir, dataset, tmp_path, fake, monkeypatch, capsys):
@@ -126,7 +166,7 @@ def test_a_crash_is_reported_as_a_crash_never_as_a_figure(tiny_dir, dataset, tmp
 
 def test_a_worker_that_crashes_while_loading_is_not_restarted(fake, monkeypatch):
     monkeypatch.setenv("FAKE_LLAMA_CRASH", "load")
-    peer = LlamaCppPeer("llama.cpp", fake, 64, 1, command=FAKE)
+    peer = WorkerPeer("llama.cpp", fake, 64, 1, command=FAKE)
     first = peer.generate([4, 5], 4, [2])
     assert isinstance(first, PeerFailure) and "crashed (SIGSEGV)" in first.message
     assert peer.generate([4, 5], 4, [2]) is first  # kept: no second load attempted
@@ -135,24 +175,24 @@ def test_a_worker_that_crashes_while_loading_is_not_restarted(fake, monkeypatch)
 
 def test_a_failed_requantization_and_another_vocabulary_are_failures(fake, monkeypatch):
     monkeypatch.setenv("FAKE_LLAMA_CRASH", "quantize")
-    peer = LlamaCppPeer("llama.cpp-f32", fake, 64, 1, f32=True, command=FAKE)
+    peer = WorkerPeer("llama.cpp-f32", fake, 64, 1, requant="f32", command=FAKE)
     failed = peer.generate([4, 5], 4, [2])
     assert isinstance(failed, PeerFailure) and "requantizing tiny-q4.gguf to F32 failed (SIGSEGV)" in failed.message
-    assert not llamacpp.f32_path(fake).exists()
+    assert not llamacpp.requant_path(fake).exists()
     monkeypatch.delenv("FAKE_LLAMA_CRASH")
-    other = LlamaCppPeer("llama.cpp", fake, 64, 1, vocab_size=1000, command=FAKE)
+    other = WorkerPeer("llama.cpp", fake, 64, 1, vocab_size=1000, command=FAKE)
     failed = other.generate([4, 5], 4, [2])
     assert isinstance(failed, PeerFailure) and "vocabulary of 96 tokens, the model 1000" in failed.message
-    ok = LlamaCppPeer("llama.cpp", fake, 64, 1, vocab_size=96, command=FAKE)
+    ok = WorkerPeer("llama.cpp", fake, 64, 1, vocab_size=96, command=FAKE)
     out = ok.generate([1, 4, 5, 6], 3, [2])
     ok.close()
     assert not isinstance(out, PeerFailure) and len(out.token_ids) == 3 and out.wall_s > 0
 
 
 def test_decode_stops_after_eos_or_at_the_length():
-    assert llamacpp_worker.decode(iter([5, 6, 2, 7]), 10, {2}) == [5, 6, 2]
-    assert llamacpp_worker.decode(iter([5, 6, 7, 8]), 3, {2}) == [5, 6, 7]
-    assert llamacpp_worker.decode(iter([5]), 0, {2}) == []
+    assert peer_worker.decode(iter([5, 6, 2, 7]), 10, {2}) == [5, 6, 2]
+    assert peer_worker.decode(iter([5, 6, 7, 8]), 3, {2}) == [5, 6, 7]
+    assert peer_worker.decode(iter([5]), 0, {2}) == []
 
 
 def test_serve_answers_each_request_and_reports_errors_in_one_line():
@@ -168,7 +208,7 @@ def test_serve_answers_each_request_and_reports_errors_in_one_line():
     stdin = io.StringIO(json.dumps({"ids": [3], "max_new_tokens": 2, "eos": []}) + "\n\n"
                         + json.dumps({"ids": [], "max_new_tokens": 2}) + "\n")
     stdout = io.StringIO()
-    assert llamacpp_worker.serve(Backend, stdin, stdout) == 0
+    assert peer_worker.serve(Backend, stdin, stdout) == 0
     hello, first, second = (json.loads(x) for x in stdout.getvalue().splitlines())
     assert hello == {"ready": True, "n_vocab": 10, "desc": "stub", "version": "1"}
     assert first["token_ids"] == [4, 4] and first["wall_s"] >= 0
@@ -178,7 +218,7 @@ def test_serve_answers_each_request_and_reports_errors_in_one_line():
         raise OSError("no such GGUF")
 
     stdout = io.StringIO()
-    assert llamacpp_worker.serve(broken, io.StringIO(), stdout) == 1
+    assert peer_worker.serve(broken, io.StringIO(), stdout) == 1
     assert json.loads(stdout.getvalue()) == {"error": "OSError: no such GGUF"}
 
 
@@ -193,8 +233,9 @@ def test_model_gguf_and_peer_names(tmp_path, monkeypatch):
     assert model_gguf("smollm2-135m-instruct") == tmp_path / "smollm2-135m-instruct.gguf"
     with pytest.raises(SelfspecError, match="--llama-gguf"):
         model_gguf(str(tmp_path))
-    assert expand_peers(["hf", "llama.cpp", "llama.cpp-f32"]) == ["hf", "llama.cpp", "llama.cpp-f32"]
+    assert expand_peers(["hf", "llama.cpp", "llama.cpp-f32"]) == ["hf", "llama.cpp", "llama.cpp-f32", "llama.cpp-q8_0"]
     assert expand_peers(["llama.cpp-f32"]) == ["llama.cpp-f32"]
+    assert expand_peers(["openvino", "hf"]) == ["openvino-f32", "openvino", "openvino-pld", "hf"]
     assert llamacpp.describe_exit(-11) == "SIGSEGV" and llamacpp.describe_exit(3) == "exit status 3"
 
 
@@ -236,3 +277,23 @@ def test_real_llama_cpp_on_smollm2(tmp_path):
         assert s[name].get("failure") or s[name]["tokens_per_s"] > 0  # a figure, or a crash named as such
     if not s["llama.cpp-f32"].get("failure"):
         assert s["llama.cpp-f32"]["identical"] == "2/2"  # the same fp32 weights: the same greedy ids
+
+
+@pytest.mark.real_model
+def test_real_openvino_on_smollm2(tmp_path):
+    """Where OpenVINO GenAI (and llama-cpp-python, for the F32 GGUF) are installed: the real peers
+    on SmolLM2's own GGUF and its F32, each a figure or a failure named as such."""
+    pytest.importorskip("openvino_genai")
+    pytest.importorskip("llama_cpp")
+    from ..conftest import bundled_path
+
+    path = bundled_path("smollm2-135m-instruct")
+    gguf = Path(path).parents[1] / "gguf" / "smollm2-135m-instruct.gguf"
+    if not gguf.is_file():
+        pytest.skip("SmolLM2's GGUF is not cached: `selfspec bench --peers llama.cpp` downloads it once")
+    out = tmp_path / "real"
+    assert main(["bench", "--model", path, "--llama-gguf", str(gguf), "--methods", "ar", "--kernels", "stock",
+                 "--peers", "openvino-f32,openvino", "--limit", "2", "--max-new-tokens", "16", "--out", str(out)]) == 0
+    s = json.loads((out / "report.json").read_text())["summary"]
+    for name in ("openvino-f32", "openvino"):
+        assert s[name].get("failure") or s[name]["tokens_per_s"] > 0

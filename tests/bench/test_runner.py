@@ -37,7 +37,10 @@ def test_bench_records_report_and_resume(tiny_dir, dataset, tmp_path, capsys):
     for png in ("speedup_by_category.png", "speedup_tau.png", "accepted_length_hist.png", "cost_profile.png"):
         assert (out / png).stat().st_size > 1000
     md = (out / "report.md").read_text()
-    assert "| pld |" in md and "speedup" in md
+    assert "| pld |" in md and "speedup" in md and "vs fastest ar" in md
+    meta = json.loads((out / "meta.json").read_text())  # every result directory says how it was made
+    assert meta["command"] and meta["date"].startswith("20") and "cpu_flags" in meta["environment"]
+    assert meta["environment"]["git"]
 
     # an existing run is not overwritten by accident, and --resume adds nothing when complete
     assert bench(tiny_dir, dataset, out) == 2

@@ -1,14 +1,20 @@
-"""llama.cpp as a bench peer: what a CPU user would run instead, on the same weights and prompt ids.
+"""llama.cpp and OpenVINO GenAI as bench peers: what a CPU user would run instead, on the same
+weights and prompt ids.
 
 ``--peers llama.cpp`` runs two peers through llama-cpp-python (the optional extra
 ``selfspec[llamacpp]``): ``llama.cpp`` on the model's own GGUF (a bundled model's shipped GGUF,
 the ``.gguf`` file the model was loaded from, or ``--llama-gguf``) and ``llama.cpp-f32`` on that
 GGUF requantized to F32 with ``llama_model_quantize`` (cached in ``$SELFSPEC_HOME/gguf``);
-``--peers llama.cpp-f32`` runs only the latter. Both decode greedily from the bench's own prompt
-token ids (chat template applied by our tokenizer; no BOS added, no prompt prefix reused between
-prompts), so their ids compare with ``ar``'s.
+``--peers llama.cpp-f32`` runs only the latter. ``--peers openvino`` (the extra ``selfspec[openvino]``)
+runs OpenVINO GenAI's ``LLMPipeline``, which reads GGUF itself, three ways: ``openvino-f32`` (the F32
+GGUF, ``INFERENCE_PRECISION_HINT`` f32: its most exact), ``openvino`` (the model's own GGUF at
+OpenVINO's default precision: **lossy**) and ``openvino-pld`` (its prompt-lookup speculative decoding,
+as ``openvino-f32``). The model's own quantized GGUF on llama.cpp and OpenVINO's default precision
+change the weights or the arithmetic: reports label them lossy (:data:`LOSSY_PEERS`). They all
+decode greedily from the bench's own prompt token ids (chat template applied by our tokenizer; no
+BOS added, no prompt prefix reused between prompts), so their ids compare with ``ar``'s.
 
-Each peer runs in a worker process (:mod:`selfspec.bench.llamacpp_worker`): a crash of llama.cpp
+Each peer runs in a worker process (:mod:`selfspec.bench.peer_worker`): a crash of llama.cpp
 (its quantized kernels segfault on some CPUs) ends the worker, and the bench records that run as
 failed, with the signal, and reports the peer as crashed instead of a figure. The next prompt
 starts a fresh worker; a worker that cannot load the GGUF is not started again.
@@ -36,16 +42,42 @@ log = logging.getLogger(__name__)
 
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_F32 = "llama.cpp-f32"
-LLAMA_PEERS = (LLAMA_CPP, LLAMA_CPP_F32)
-WORKER = Path(__file__).with_name("llamacpp_worker.py")
+LLAMA_CPP_Q8 = "llama.cpp-q8_0"
+LLAMA_PEERS = (LLAMA_CPP, LLAMA_CPP_F32, LLAMA_CPP_Q8)
+OPENVINO = "openvino"
+OPENVINO_PEERS = ("openvino-f32", OPENVINO, "openvino-pld")
+WORKER_PEERS = (*LLAMA_PEERS, *OPENVINO_PEERS)
+"""The peers that run in a worker process (:class:`WorkerPeer`), on a GGUF."""
+LOSSY_PEERS = (LLAMA_CPP, LLAMA_CPP_Q8, OPENVINO)
+"""Peers that do not compute what the model's fp32 weights compute: llama.cpp on the model's own
+quantized GGUF or its Q8_0 requantization (and their 8-bit activations), OpenVINO at its default
+precision (bf16/f16 arithmetic, compressed weights). Reports label them lossy."""
+WORKER = Path(__file__).with_name("peer_worker.py")
+_ENGINE_ARGS = {"openvino-f32": ["--engine", "openvino", "--precision", "f32"],
+                OPENVINO: ["--engine", "openvino", "--precision", "default"],
+                "openvino-pld": ["--engine", "openvino", "--precision", "f32", "--prompt-lookup"]}
+_REQUANT = {LLAMA_CPP_F32: "f32", "openvino-f32": "f32", "openvino-pld": "f32", LLAMA_CPP_Q8: "q8_0"}
 
 
 def expand_peers(peers: list[str]) -> list[str]:
-    """``llama.cpp`` stands for both llama.cpp peers (own GGUF and F32); other names are kept."""
+    """``llama.cpp`` stands for the three llama.cpp peers (own GGUF, F32, Q8_0), ``openvino`` for
+    the three OpenVINO peers; other names are kept."""
+    groups = {LLAMA_CPP: LLAMA_PEERS, OPENVINO: OPENVINO_PEERS}
     out: list[str] = []
     for p in peers:
-        out += list(LLAMA_PEERS) if p == LLAMA_CPP else [p]
+        out += list(groups.get(p, [p]))
     return list(dict.fromkeys(out))
+
+
+def engine_args(peer: str) -> list[str]:
+    """The worker's options that select ``peer``'s engine and precision (none: llama.cpp)."""
+    return list(_ENGINE_ARGS.get(peer, []))
+
+
+def requant(peer: str) -> str | None:
+    """The type (``f32``, ``q8_0``) ``peer`` requantizes the model's GGUF to (with llama.cpp) before
+    it runs it, or None: it runs the GGUF as shipped."""
+    return _REQUANT.get(peer)
 
 
 def require_llama_cpp() -> None:
@@ -53,6 +85,16 @@ def require_llama_cpp() -> None:
     imported here: only the worker process loads it)."""
     if importlib.util.find_spec("llama_cpp") is None:
         raise missing_dependency("llama-cpp-python", "llamacpp", "the bench peer llama.cpp")
+
+
+def require_peers(peers: list[str]) -> None:
+    """One-line error, with the install command, unless what ``peers`` need is installed:
+    llama-cpp-python for the llama.cpp peers and for any F32 GGUF, OpenVINO GenAI for the OpenVINO
+    peers (neither imported here)."""
+    if any(p in LLAMA_PEERS or requant(p) for p in peers):
+        require_llama_cpp()
+    if any(p in OPENVINO_PEERS for p in peers) and importlib.util.find_spec("openvino_genai") is None:
+        raise missing_dependency("openvino-genai", "openvino", "the bench peer openvino")
 
 
 def model_gguf(model: str, given: str | None = None) -> Path:
@@ -74,11 +116,11 @@ def model_gguf(model: str, given: str | None = None) -> Path:
                         "--llama-gguf PATH (a GGUF of the same weights and tokenizer)")
 
 
-def f32_path(src: Path) -> Path:
-    """Where the F32 requantization of ``src`` is cached (keyed by its path, size and mtime)."""
+def requant_path(src: Path, ftype: str = "f32") -> Path:
+    """Where the ``ftype`` requantization of ``src`` is cached (keyed by its path, size and mtime)."""
     st = src.stat()
     key = hashlib.sha256(f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return selfspec_home() / "gguf" / f"{src.stem}-{key}.f32.gguf"
+    return selfspec_home() / "gguf" / f"{src.stem}-{key}.{ftype}.gguf"
 
 
 def describe_exit(returncode: int) -> str:
@@ -99,15 +141,16 @@ class PeerFailure:
 
 
 @dataclass
-class LlamaCppPeer:
-    """One llama.cpp peer: a GGUF served by a worker process, restarted after a crash.
+class WorkerPeer:
+    """One llama.cpp or OpenVINO peer: a GGUF served by a worker process, restarted after a crash.
 
     Attributes:
-        name: the peer's name in records (``llama.cpp`` or ``llama.cpp-f32``).
+        name: the peer's name in records (one of :data:`WORKER_PEERS`).
         gguf: the model's own GGUF.
         n_ctx: context size for the worker (prompt plus generated tokens must fit).
         threads: llama.cpp threads (the bench's torch threads, so both use the same cores).
-        f32: requantize ``gguf`` to F32 first and run that.
+        requant: requantize ``gguf`` to this type first (``f32``, ``q8_0``; :func:`requant`) and run that.
+        engine: the worker's options for the engine and its precision (:func:`engine_args`).
         vocab_size: the model's vocabulary size; a GGUF of another size is refused as another model.
         command: how to start the worker (tests start a fake one).
     """
@@ -116,7 +159,8 @@ class LlamaCppPeer:
     gguf: Path
     n_ctx: int
     threads: int
-    f32: bool = False
+    requant: str | None = None
+    engine: list[str] = field(default_factory=list)
     vocab_size: int | None = None
     command: list[str] = field(default_factory=lambda: [sys.executable, str(WORKER)])
     info: dict = field(default_factory=dict)
@@ -132,26 +176,27 @@ class LlamaCppPeer:
         return f": {lines[-1][:200]}" if lines else ""
 
     def _weights(self) -> Path | PeerFailure:
-        """The GGUF to run: the own one, or its F32 requantization (made once, in a worker)."""
-        if not self.f32:
+        """The GGUF to run: the own one, or its requantization (made once, in a worker)."""
+        if not self.requant:
             return self.gguf
-        out = f32_path(self.gguf)
+        kind = self.requant.upper()
+        out = requant_path(self.gguf, self.requant)
         if out.is_file():
             return out
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise SelfspecError(f"cannot write the F32 GGUF to {out.parent} ({e.strerror or e}); set SELFSPEC_HOME "
+            raise SelfspecError(f"cannot write the {kind} GGUF to {out.parent} ({e.strerror or e}); set SELFSPEC_HOME "
                                 "to a writable directory") from e
-        log.info("requantizing %s to F32 -> %s", self.gguf, out)
-        print(f"selfspec: requantizing {self.gguf.name} to F32 for the {self.name} peer (once) ...", file=sys.stderr)
+        log.info("requantizing %s to %s -> %s", self.gguf, kind, out)
+        print(f"selfspec: requantizing {self.gguf.name} to {kind} for the {self.name} peer (once) ...", file=sys.stderr)
         tmp = out.with_suffix(".tmp")
-        r = subprocess.run([*self.command, "quantize", str(self.gguf), str(tmp), "--ftype", "f32"],
+        r = subprocess.run([*self.command, "quantize", str(self.gguf), str(tmp), "--ftype", self.requant],
                            capture_output=True, text=True)
         if r.returncode != 0 or not tmp.is_file():
             tmp.unlink(missing_ok=True)
             tail = [x for x in (r.stderr or "").splitlines() if x.strip()][-1:]
-            return PeerFailure(f"{self.name}: requantizing {self.gguf.name} to F32 failed "
+            return PeerFailure(f"{self.name}: requantizing {self.gguf.name} to {kind} failed "
                                f"({describe_exit(r.returncode)}){': ' + tail[0][:200] if tail else ''}")
         tmp.replace(out)
         return out
@@ -176,7 +221,8 @@ class LlamaCppPeer:
             self._stderr.close()
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
-            [*self.command, "serve", str(weights), "--n-ctx", str(self.n_ctx), "--threads", str(self.threads)],
+            [*self.command, "serve", str(weights), "--n-ctx", str(self.n_ctx), "--threads", str(self.threads),
+             *self.engine],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1)
         line = self._proc.stdout.readline()
         hello = json.loads(line) if line.strip() else None
@@ -192,7 +238,9 @@ class LlamaCppPeer:
             self._dead = PeerFailure(f"{self.name}: {weights.name} has a vocabulary of {hello.get('n_vocab')} tokens, "
                                      f"the model {self.vocab_size}: not the same model")
             return self._dead
-        self.info = {"gguf": str(weights), "desc": hello.get("desc", ""), "llama_cpp": hello.get("version", ""),
+        engine = "openvino" if "openvino" in self.engine else "llama.cpp"
+        self.info = {"gguf": str(weights), "desc": hello.get("desc", ""), "engine": engine,
+                     "version": hello.get("version", ""), "lossy": self.name in LOSSY_PEERS,
                      "n_ctx": self.n_ctx, "threads": self.threads}
         return None
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 
 from ..config import SAMPLING_MODES, seed_arg
 from .datasets import Prompt
-from .llamacpp import LLAMA_PEERS
+from .llamacpp import WORKER_PEERS
 from .peers import PEERS
 from .provenance import Provenance, prompts_digest
 
@@ -18,11 +18,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated methods; ar is always included. A method may carry options after colons, "
                         "to compare variants in one run: self-spec:draft_exit=gamma, pld:k=4:auto_k=false")
     p.add_argument("--peers", default=BenchOptions.peers,
-                   help=f"comma-separated peers: {', '.join((*PEERS, *LLAMA_PEERS))} (llama.cpp: the model's own GGUF "
-                        "and its F32 requantization, through llama-cpp-python: pip install 'selfspec[llamacpp]')")
+                   help=f"comma-separated peers: {', '.join((*PEERS, *WORKER_PEERS))} (llama.cpp: the model's own GGUF "
+                        "(lossy) and its F32 requantization, through llama-cpp-python: pip install "
+                        "'selfspec[llamacpp]'; openvino: OpenVINO GenAI on the F32 GGUF at f32, on the own GGUF at "
+                        "its default precision (lossy) and its prompt lookup: pip install 'selfspec[openvino]')")
     p.add_argument("--llama-gguf", default=None, metavar="PATH",
-                   help="the GGUF the llama.cpp peers run (default: the model's own: a bundled model's shipped GGUF "
-                        "or the .gguf --model names)")
+                   help="the GGUF the llama.cpp and OpenVINO peers run (default: the model's own: a bundled model's "
+                        "shipped GGUF or the .gguf --model names)")
     p.add_argument("--dataset", default=BenchOptions.dataset, help="builtin, mt-bench, humaneval or a .jsonl file")
     p.add_argument("--limit", type=int, default=None, help="first N prompts (questions) only")
     p.add_argument("--per-category", type=int, default=None,

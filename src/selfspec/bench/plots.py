@@ -31,11 +31,35 @@ def is_baseline(name: str, s: dict) -> bool:
     return s.get("baseline", "ar") == name or name.split("@", 1)[0] == "ar"
 
 
+def category_speedups(s: dict) -> dict:
+    """A summary entry's speedups by category against the fastest ``ar`` of the run (older
+    summaries: against ``ar`` on its own kernels)."""
+    return s.get("by_category_vs_fastest_ar") or s.get("by_category", {})
+
+
+def overall_speedup(s: dict) -> float | None:
+    """A summary entry's speedup against the fastest ``ar`` of the run (older summaries: its own)."""
+    v = s.get("speedup_vs_fastest_ar")
+    return v if v is not None else s.get("speedup")
+
+
+def baseline_words(summary: dict) -> str:
+    """What the plots' 1.0 is: ``the fastest ar (ar@onednn)``."""
+    fastest = next((s.get("fastest_ar") for s in summary.values() if s.get("fastest_ar")), None)
+    return f"the fastest ar ({fastest})" if fastest else "ar"
+
+
+def series_label(name: str, s: dict) -> str:
+    """A series' legend label: its name, marked when some of its runs were timed on a busy machine."""
+    busy = s.get("contended_runs") or 0
+    return f"{name} [contended {busy}/{s.get('runs')}]" if busy else name
+
+
 def speedup_series(summary: dict) -> list[str]:
     """The methods and peers drawn in the speedup-by-category plot: not a baseline, and with a
     speedup in some category (a peer without its baseline drew a name with no bar)."""
     return [n for n, s in summary.items() if not is_baseline(n, s)
-            and any(v is not None for v in s.get("by_category", {}).values())]
+            and any(v is not None for v in category_speedups(s).values())]
 
 
 def histogram_series(summary: dict, records: list[dict]) -> dict[str, Counter]:
@@ -65,26 +89,32 @@ def plot_all(out: Path, summary: dict, records: list[dict], profiles: dict[str, 
     names = speedup_series(summary)
 
     # 1. speedup by category and method
-    cats = sorted({c for n in names for c in summary[n]["by_category"]})
+    base = baseline_words(summary)
+    busy = any(s.get("contended_runs") for s in summary.values())
+    if busy:
+        title = f"{title} [CONTENDED: noisy timings]"
+    cats = sorted({c for n in names for c in category_speedups(summary[n])})
     if names and cats:
         fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) + 2), 4))
         width = 0.8 / len(names)
         for n, dx in zip(names, bar_offsets(len(names), width)):
-            vals = [summary[n]["by_category"].get(c) or 0 for c in cats]
-            ax.bar([x + dx for x in range(len(cats))], vals, width, label=n)
+            vals = [category_speedups(summary[n]).get(c) or 0 for c in cats]
+            ax.bar([x + dx for x in range(len(cats))], vals, width, label=series_label(n, summary[n]),
+                   hatch="//" if summary[n].get("contended_runs") else None)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
-        ax.set_ylabel("speedup vs ar (tokens/s ratio)")
+        ax.set_ylabel(f"speedup vs {base}")
         ax.set_title(f"{title}: speedup by category")
         ax.legend(fontsize=8)
         paths.append(_save(plt, fig, out / "speedup_by_category.png"))
 
     # 2. overall speedup and tau per method
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    all_names = [n for n in summary if summary[n].get("speedup") is not None]
-    a1.bar(all_names, [summary[n]["speedup"] for n in all_names], color="tab:blue")
+    all_names = [n for n in summary if overall_speedup(summary[n]) is not None]
+    a1.bar(all_names, [overall_speedup(summary[n]) for n in all_names], color="tab:blue",
+           hatch=["//" if summary[n].get("contended_runs") else "" for n in all_names])
     a1.axhline(1.0, color="black", lw=0.8, ls="--")
-    a1.set_ylabel("speedup vs ar")
+    a1.set_ylabel(f"speedup vs {base}")
     a1.set_title("overall speedup")
     taus = [(n, summary[n]["tau"]) for n in all_names if summary[n].get("tau")]
     a2.bar([n for n, _ in taus], [t for _, t in taus], color="tab:green")

@@ -15,6 +15,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,18 @@ from ..models.compiled_step import capacity_for
 from ..paths import check_output_dir
 from ..registry import compiled_blocks
 from .datasets import Prompt, load_dataset
-from .llamacpp import LLAMA_PEERS, LlamaCppPeer, PeerFailure, expand_peers, model_gguf, require_llama_cpp
+from .llamacpp import (
+    LOSSY_PEERS,
+    OPENVINO_PEERS,
+    WORKER_PEERS,
+    PeerFailure,
+    WorkerPeer,
+    engine_args,
+    expand_peers,
+    model_gguf,
+    requant,
+    require_peers,
+)
 from .options import BenchOptions, add_bench_args, entry_name
 from .peers import PEERS, run_peer
 from .provenance import Provenance, check_resumable, package_version, source_revision
@@ -133,7 +145,7 @@ class BenchRun:
 
     @property
     def llama_names(self) -> list[str]:
-        return [p for p in self.peers if p in LLAMA_PEERS]
+        return [p for p in self.peers if p in WORKER_PEERS]
 
     def prompt_ids(self, p: Prompt, rep: int = 0) -> list[int]:
         """The token ids of prompt ``p`` as every contender gets them (a second MT-bench turn
@@ -158,13 +170,14 @@ def plan(args: BenchOptions) -> BenchRun:
     methods = [m for m in dict.fromkeys(["ar", *[m.strip() for m in args.methods.split(",") if m.strip()]])]
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in peers:
-        if p not in PEERS and p not in LLAMA_PEERS:
-            raise SelfspecError(f"unknown peer '{p}'; choose from {', '.join((*PEERS, *LLAMA_PEERS))}")
+        if p not in PEERS and p not in WORKER_PEERS:
+            raise SelfspecError(f"unknown peer '{p}'; choose from {', '.join((*PEERS, *WORKER_PEERS))}")
     peers = expand_peers(peers)
-    if any(p in LLAMA_PEERS for p in peers):
-        require_llama_cpp()
+    if any(p in WORKER_PEERS for p in peers):
+        require_peers(peers)
         if args.temperature > 0:
-            raise SelfspecError("the llama.cpp peers decode greedily only: drop them or use --temperature 0")
+            raise SelfspecError("the llama.cpp and OpenVINO peers decode greedily only: drop them or use "
+                                "--temperature 0")
     if "hf-assisted" in peers and not args.draft_model:
         raise SelfspecError("peer hf-assisted needs --draft-model")
     if args.repeats < 1:
@@ -238,11 +251,12 @@ def load_contenders(b: BenchRun) -> None:
               "prompts": len(b.prompts), "per_category": args.per_category, "methods": b.methods,
               "kernels": b.backends, "peers": b.peers, "generation": b.gen, "repeats": args.repeats,
               "environment": environment(), "command": list(b.prov.command),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "identity": args.identity(b.prompts, b.prov)}
     (b.out / "meta.json").write_text(json.dumps(b.meta, indent=1))
 
 
-def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
+def warm_up(b: BenchRun) -> dict[str, WorkerPeer]:
     """Every method and peer once on a short generation; the llama.cpp peers started (returned)."""
     args, warm, short = b.args, b.prompts[0], min(16, b.args.max_new_tokens)
     capacities = None  # the static caches the prompts need (compiled backend), found once
@@ -258,13 +272,16 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
             print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} "
                   f"({', '.join(map(str, capacities))}-position caches) in {s:.0f} s", file=sys.stderr)
     # peers run b.target, the model as transformers loads it (fp32, stock kernels)
-    llama_peers: dict[str, LlamaCppPeer] = {}
+    llama_peers: dict[str, WorkerPeer] = {}
     if b.llama_names:
         assert b.gguf is not None
         longest = max(len(b.prompt_ids(p)) for p in b.prompts if "turn1_id" not in p.meta)
         n_ctx = -(-(args.turns * (longest + args.max_new_tokens) + 64) // 256) * 256
-        llama_peers = {n: LlamaCppPeer(n, b.gguf, n_ctx, torch.get_num_threads(), f32=n != LLAMA_PEERS[0],
-                                       vocab_size=b.target.model.config.vocab_size) for n in b.llama_names}
+        llama_peers = {n: WorkerPeer(n, b.gguf, n_ctx, torch.get_num_threads(), requant=requant(n),
+                                     engine=engine_args(n),
+                                     # OpenVINO counts its tokenizer's vocabulary, not the model's (padded) one
+                                     vocab_size=None if n in OPENVINO_PEERS else b.target.model.config.vocab_size)
+                       for n in b.llama_names}
     for p in b.peers:
         if p in llama_peers:
             po = llama_peers[p].generate(b.prompt_ids(warm), short, b.eos)
@@ -277,7 +294,7 @@ def warm_up(b: BenchRun) -> dict[str, LlamaCppPeer]:
     return llama_peers
 
 
-def measure_one(b: BenchRun, name: str, pr: Prompt, rep: int, llama_peers: dict[str, LlamaCppPeer]) -> dict:
+def measure_one(b: BenchRun, name: str, pr: Prompt, rep: int, llama_peers: dict[str, WorkerPeer]) -> dict:
     """The record of one timed run of contender ``name`` on prompt ``pr`` (repeat ``rep``)."""
     from ..core.machine import LoadMonitor
 
@@ -300,7 +317,7 @@ def measure_one(b: BenchRun, name: str, pr: Prompt, rep: int, llama_peers: dict[
     elif name in llama_peers:  # in its own process: a crash is a failed run, never a figure
         po = llama_peers[name].generate(ids, args.max_new_tokens, b.eos)
         mon.stop()
-        rec.update(kind="peer", lossless=True, peer_info=llama_peers[name].info)
+        rec.update(kind="peer", lossless=name not in LOSSY_PEERS, peer_info=llama_peers[name].info)
         if isinstance(po, PeerFailure):
             rec.update(token_ids=[], new_tokens=0, wall_s=0.0, failure=po.message)
             print(f"selfspec: peer {name} on {pr.id}: {po.message}", file=sys.stderr)
@@ -326,7 +343,9 @@ def run(b: BenchRun):
     names = b.names
     todo = [(rep, pr, n) for rep in range(b.args.repeats) for pr in b.prompts for n in names
             if (pr.id, n, rep) not in b.done]
-    run_load = LoadMonitor().start()  # the whole timed part; each record also gets its own
+    # the whole timed part (each record also gets its own); the peers' workers decode for us: their CPU
+    # time is not load (counted as load, a run with llama.cpp F32 read as 32% busy on a quiet machine)
+    run_load = LoadMonitor(helpers=tuple(lp.pid for lp in llama_peers.values() if lp.pid)).start()
     try:
         with open(b.records_path, "a") as f, tqdm(total=len(todo), desc="bench", unit="run") as bar:
             for rep, pr, name in todo:

@@ -1,7 +1,8 @@
-"""The llama.cpp peer's worker process: runs a GGUF through llama-cpp-python, away from the bench.
+"""The worker process of the llama.cpp and OpenVINO peers: runs a GGUF through llama-cpp-python
+(``--engine llama.cpp``) or OpenVINO GenAI's ``LLMPipeline`` (``--engine openvino``), away from the bench.
 
-The bench starts this file as a script (``python llamacpp_worker.py serve GGUF ...``), so a crash
-of llama.cpp (a segfault in its kernels) ends this process, never the bench, which reports it as
+The bench starts this file as a script (``python peer_worker.py serve GGUF ...``), so a crash
+of a peer (a segfault in its kernels) ends this process, never the bench, which reports it as
 a crash. It imports nothing from selfspec. Protocol, one JSON object a line:
 
 * ``serve``: after loading, the worker writes ``{"ready": true, "n_vocab": V, "desc": ..., "version": ...}``
@@ -10,7 +11,7 @@ a crash. It imports nothing from selfspec. Protocol, one JSON object a line:
   prefix reused from the previous request) and writes ``{"token_ids": [...], "wall_s": s}``: the
   generated ids up to and including an EOS id or ``N`` tokens, and the wall time of the prompt
   evaluation and decoding. It exits at the end of stdin.
-* ``quantize SRC DST --ftype f32``: ``llama_model_quantize`` SRC into DST (F32: every tensor
+* ``quantize SRC DST --ftype f32|f16|q8_0``: ``llama_model_quantize`` SRC into DST (F32: every tensor
   dequantised); exit 0 when DST was written.
 """
 
@@ -25,7 +26,8 @@ from typing import IO, Protocol
 
 
 class Backend(Protocol):
-    """A loaded model that streams greedy tokens."""
+    """A loaded model that streams greedy tokens (a backend that cannot stream instead has
+    ``generate(ids, max_new_tokens, eos) -> list[int]``, cut as :func:`decode` cuts)."""
 
     n_vocab: int
     desc: str
@@ -56,6 +58,56 @@ class LlamaBackend:
         self.llm.reset()  # no prompt prefix reused from the previous request: every prompt is prefilled
         return self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, temp=0.0, repeat_penalty=1.0,
                                  reset=True)
+
+
+class OpenVinoBackend:
+    """OpenVINO GenAI's ``LLMPipeline`` on one GGUF (it reads GGUF itself), on the CPU, decoding
+    greedily from exactly the given token ids (``TokenizedInputs``: its own chat template and
+    tokenizer are not used, so its ids compare with ``ar``'s).
+
+    ``precision``: ``f32`` sets ``INFERENCE_PRECISION_HINT`` f32 (its most exact arithmetic; on
+    an F32 GGUF, uncompressed weights too); ``default`` leaves OpenVINO's own choice (bf16 or f16
+    arithmetic where the CPU has it, compressed weights: lossy). ``prompt_lookup``: its
+    prompt-lookup speculative decoding (``num_assistant_tokens`` drafted from n-grams of the prompt)."""
+
+    def __init__(self, gguf: str, threads: int, precision: str = "f32", prompt_lookup: bool = False) -> None:
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        self._ov, self._genai = ov, ov_genai
+        props: dict = {"INFERENCE_NUM_THREADS": threads}
+        if precision == "f32":
+            props["INFERENCE_PRECISION_HINT"] = "f32"
+        if prompt_lookup:
+            props["prompt_lookup"] = True
+        self.pipe = ov_genai.LLMPipeline(gguf, "CPU", **props)
+        self.prompt_lookup = prompt_lookup
+        tok = self.pipe.get_tokenizer()
+        vocab = getattr(tok, "get_vocab_vector", None)
+        self.n_vocab = len(vocab()) if vocab is not None else -1
+        self.version = getattr(ov_genai, "__version__", "?")
+        self.desc = f"openvino {precision}{' prompt-lookup' if prompt_lookup else ''}"
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+        import numpy as np
+
+        if max_new_tokens <= 0:
+            return []
+        cfg = self.pipe.get_generation_config()
+        cfg.max_new_tokens = max_new_tokens
+        cfg.do_sample = False
+        cfg.repetition_penalty = 1.0
+        cfg.stop_token_ids = set(eos)
+        cfg.stop_strings = set()
+        if self.prompt_lookup:
+            cfg.num_assistant_tokens = 5
+            cfg.max_ngram_size = 3
+        inputs = self._genai.TokenizedInputs(self._ov.Tensor(np.array([ids], dtype=np.int64)),
+                                             self._ov.Tensor(np.ones((1, len(ids)), dtype=np.int64)))
+        out = [int(t) for t in self.pipe.generate(inputs, cfg).tokens[0]]
+        if len(out) > max_new_tokens and out[:len(ids)] == ids:  # a release that returns the prompt too
+            out = out[len(ids):]
+        return decode(iter(out), max_new_tokens, eos)
 
 
 def decode(tokens: Iterable[int], max_new_tokens: int, eos: set[int]) -> list[int]:
@@ -89,7 +141,9 @@ def serve(load: Callable[[], Backend], stdin: IO[str], stdout: IO[str]) -> int:
         req = json.loads(line)
         try:
             t0 = time.perf_counter()
-            ids = decode(backend.stream(list(req["ids"])), int(req["max_new_tokens"]), set(req.get("eos", [])))
+            prompt, n, eos = list(req["ids"]), int(req["max_new_tokens"]), set(req.get("eos", []))
+            whole = getattr(backend, "generate", None)
+            ids = whole(prompt, n, eos) if whole is not None else decode(backend.stream(prompt), n, eos)
             reply: dict = {"token_ids": ids, "wall_s": time.perf_counter() - t0}
         except Exception as e:  # noqa: BLE001
             reply = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
@@ -102,7 +156,8 @@ def quantize(src: str, dst: str, ftype: str) -> int:
     """``llama_model_quantize`` ``src`` to ``dst`` (requantizing a quantized model allowed)."""
     import llama_cpp
 
-    types = {"f32": llama_cpp.LLAMA_FTYPE_ALL_F32, "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}
+    types = {"f32": llama_cpp.LLAMA_FTYPE_ALL_F32, "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
+             "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = types[ftype]
     params.allow_requantize = True
@@ -114,19 +169,25 @@ def quantize(src: str, dst: str, ftype: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="llamacpp_worker")
+    p = argparse.ArgumentParser(prog="peer_worker")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     s.add_argument("gguf")
     s.add_argument("--n-ctx", type=int, default=4096)
     s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "openvino"])
+    s.add_argument("--precision", default="f32", choices=["f32", "default"], help="openvino only")
+    s.add_argument("--prompt-lookup", action="store_true", help="openvino only")
     q = sub.add_parser("quantize")
     q.add_argument("src")
     q.add_argument("dst")
-    q.add_argument("--ftype", default="f32", choices=["f32", "f16"])
+    q.add_argument("--ftype", default="f32", choices=["f32", "f16", "q8_0"])
     args = p.parse_args(argv)
     if args.cmd == "quantize":
         return quantize(args.src, args.dst, args.ftype)
+    if args.engine == "openvino":
+        return serve(lambda: OpenVinoBackend(args.gguf, args.threads, args.precision, args.prompt_lookup),
+                     sys.stdin, sys.stdout)
     return serve(lambda: LlamaBackend(args.gguf, args.n_ctx, args.threads), sys.stdin, sys.stdout)
 
 

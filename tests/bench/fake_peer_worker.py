@@ -1,5 +1,5 @@
 """A stand-in for the llama.cpp worker where llama-cpp-python is absent: the real worker's
-protocol (:func:`selfspec.bench.llamacpp_worker.serve`) over greedy continuations looked up in
+protocol (:func:`selfspec.bench.peer_worker.serve`) over greedy continuations looked up in
 ``$FAKE_LLAMA_TABLE`` (a JSON object from a prompt's ids, as JSON text, to the tiny model's greedy
 tokens, computed by the test) so that, like llama.cpp on the same weights, its ids equal ``ar``'s;
 prompts not in it get 10, 11, 12, ... It imports neither torch nor transformers, so it starts at
@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import Iterator
 
-from selfspec.bench import llamacpp_worker
+from selfspec.bench import peer_worker
 
 CRASH = os.environ.get("FAKE_LLAMA_CRASH", "")
 CRASH_ON = os.environ.get("FAKE_LLAMA_CRASH_ON", "")
@@ -52,7 +52,7 @@ def main() -> int:
         shutil.copy(sys.argv[2], sys.argv[3])
         return 0
     gguf = sys.argv[2]
-    return llamacpp_worker.serve(lambda: FakeBackend(gguf), sys.stdin, sys.stdout)
+    return peer_worker.serve(lambda: FakeBackend(gguf), sys.stdin, sys.stdout)
 
 
 if __name__ == "__main__":
