@@ -120,9 +120,10 @@ def test_openvino_peers_run_on_our_prompt_ids_and_its_default_precision_is_label
             assert r["lossless"] == (r["method"] != "openvino")  # its default precision changes the arithmetic
     info = json.loads((out / "report.json").read_text())["meta"]["peer_info"]
     assert {i["engine"] for i in info.values()} == {"openvino"}
-    assert info["openvino"]["gguf"] == str(fake) and info["openvino-f32"]["gguf"].endswith(".f32.gguf")
+    assert info["openvino"]["gguf"] == info["openvino-f32"]["gguf"] == str(fake)  # it reads no F32 GGUF
     md = (out / "report.md").read_text()
-    assert "openvino peers (openvino-genai 0.0-fake, 1 threads, greedy on the same prompt ids): openvino-f32 on " in md
+    assert "openvino peers (openvino-genai 0.0-fake, 1 threads, greedy on the same prompt ids): openvino-f32 on " \
+           "`tiny-q4.gguf`" in md
     assert "openvino on `tiny-q4.gguf` (fake tiny-q4.gguf) (**lossy**)" in md
 
 
@@ -132,13 +133,12 @@ def test_the_openvino_worker_is_asked_for_its_engine_and_precision():
     assert llamacpp.engine_args("openvino") == ["--engine", "openvino", "--precision", "default"]
     assert llamacpp.engine_args("openvino-pld")[-1] == "--prompt-lookup"
     assert {p: llamacpp.requant(p) for p in llamacpp.WORKER_PEERS if llamacpp.requant(p)} == {
-        "llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0", "openvino-f32": "f32", "openvino-pld": "f32"}
+        "llama.cpp-f32": "f32", "llama.cpp-q8_0": "q8_0"}
 
 
 def test_without_openvino_the_peer_is_a_one_line_error_with_the_install_command(tiny_dir, dataset, tmp_path,
                                                                                  monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "openvino_genai", None)  # not importable, whatever is installed here
-    monkeypatch.setattr(llamacpp, "require_llama_cpp", lambda: None)
     assert bench(tiny_dir, dataset, tmp_path / "o", "--peers", "openvino") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'selfspec[openvino]'" in err and "openvino-genai" in err
@@ -281,10 +281,9 @@ def test_real_llama_cpp_on_smollm2(tmp_path):
 
 @pytest.mark.real_model
 def test_real_openvino_on_smollm2(tmp_path):
-    """Where OpenVINO GenAI (and llama-cpp-python, for the F32 GGUF) are installed: the real peers
-    on SmolLM2's own GGUF and its F32, each a figure or a failure named as such."""
+    """Where OpenVINO GenAI is installed: the real peers on SmolLM2's own GGUF (Q4_1), each a figure
+    or a failure named as such; at f32 its ids equal ours here (AVX2, 2026-11-30: 2/2)."""
     pytest.importorskip("openvino_genai")
-    pytest.importorskip("llama_cpp")
     from ..conftest import bundled_path
 
     path = bundled_path("smollm2-135m-instruct")

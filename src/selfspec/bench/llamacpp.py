@@ -4,13 +4,16 @@ weights and prompt ids.
 ``--peers llama.cpp`` runs two peers through llama-cpp-python (the optional extra
 ``selfspec[llamacpp]``): ``llama.cpp`` on the model's own GGUF (a bundled model's shipped GGUF,
 the ``.gguf`` file the model was loaded from, or ``--llama-gguf``) and ``llama.cpp-f32`` on that
-GGUF requantized to F32 with ``llama_model_quantize`` (cached in ``$SELFSPEC_HOME/gguf``);
-``--peers llama.cpp-f32`` runs only the latter. ``--peers openvino`` (the extra ``selfspec[openvino]``)
-runs OpenVINO GenAI's ``LLMPipeline``, which reads GGUF itself, three ways: ``openvino-f32`` (the F32
-GGUF, ``INFERENCE_PRECISION_HINT`` f32: its most exact), ``openvino`` (the model's own GGUF at
-OpenVINO's default precision: **lossy**) and ``openvino-pld`` (its prompt-lookup speculative decoding,
-as ``openvino-f32``). The model's own quantized GGUF on llama.cpp and OpenVINO's default precision
-change the weights or the arithmetic: reports label them lossy (:data:`LOSSY_PEERS`). They all
+GGUF requantized to F32 with ``llama_model_quantize`` (cached in ``$SELFSPEC_HOME/gguf``), and
+``llama.cpp-q8_0`` on its Q8_0 requantization (**lossy**); ``--peers llama.cpp-f32`` runs only the
+F32 one. ``--peers openvino`` (the extra ``selfspec[openvino]``) runs OpenVINO GenAI's
+``LLMPipeline``, which reads GGUF itself (block-quantized types and F16; not F32: "Unsupported
+quantization type"), on the model's own GGUF three ways: ``openvino-f32`` (its most exact: f32
+arithmetic, f32 KV cache, no dynamic quantization of activations; its weights are the GGUF's blocks,
+decompressed by OpenVINO), ``openvino`` (OpenVINO's default precision: **lossy**) and
+``openvino-pld`` (its prompt-lookup speculative decoding, as ``openvino-f32``). The model's own
+quantized GGUF on llama.cpp and OpenVINO's default precision change the weights or the arithmetic:
+reports label them lossy (:data:`LOSSY_PEERS`). They all
 decode greedily from the bench's own prompt token ids (chat template applied by our tokenizer; no
 BOS added, no prompt prefix reused between prompts), so their ids compare with ``ar``'s.
 
@@ -56,7 +59,7 @@ WORKER = Path(__file__).with_name("peer_worker.py")
 _ENGINE_ARGS = {"openvino-f32": ["--engine", "openvino", "--precision", "f32"],
                 OPENVINO: ["--engine", "openvino", "--precision", "default"],
                 "openvino-pld": ["--engine", "openvino", "--precision", "f32", "--prompt-lookup"]}
-_REQUANT = {LLAMA_CPP_F32: "f32", "openvino-f32": "f32", "openvino-pld": "f32", LLAMA_CPP_Q8: "q8_0"}
+_REQUANT = {LLAMA_CPP_F32: "f32", LLAMA_CPP_Q8: "q8_0"}
 
 
 def expand_peers(peers: list[str]) -> list[str]:
@@ -89,8 +92,8 @@ def require_llama_cpp() -> None:
 
 def require_peers(peers: list[str]) -> None:
     """One-line error, with the install command, unless what ``peers`` need is installed:
-    llama-cpp-python for the llama.cpp peers and for any F32 GGUF, OpenVINO GenAI for the OpenVINO
-    peers (neither imported here)."""
+    llama-cpp-python for the llama.cpp peers (and any requantized GGUF), OpenVINO GenAI for the
+    OpenVINO peers (neither imported here)."""
     if any(p in LLAMA_PEERS or requant(p) for p in peers):
         require_llama_cpp()
     if any(p in OPENVINO_PEERS for p in peers) and importlib.util.find_spec("openvino_genai") is None:

@@ -65,9 +65,12 @@ class OpenVinoBackend:
     greedily from exactly the given token ids (``TokenizedInputs``: its own chat template and
     tokenizer are not used, so its ids compare with ``ar``'s).
 
-    ``precision``: ``f32`` sets ``INFERENCE_PRECISION_HINT`` f32 (its most exact arithmetic; on
-    an F32 GGUF, uncompressed weights too); ``default`` leaves OpenVINO's own choice (bf16 or f16
-    arithmetic where the CPU has it, compressed weights: lossy). ``prompt_lookup``: its
+    ``precision``: ``f32`` is its most exact configuration: ``INFERENCE_PRECISION_HINT`` f32, an
+    f32 KV cache and no dynamic quantization of activations (its GGUF reader takes block-quantized
+    and F16 GGUFs, not F32, so the weights are the GGUF's blocks, decompressed by OpenVINO);
+    ``default`` leaves OpenVINO's own choice (bf16 or f16
+    arithmetic where the CPU has it, an 8-bit KV cache, activations quantized dynamically for
+    compressed weights: lossy). ``prompt_lookup``: its
     prompt-lookup speculative decoding (``num_assistant_tokens`` drafted from n-grams of the prompt)."""
 
     def __init__(self, gguf: str, threads: int, precision: str = "f32", prompt_lookup: bool = False) -> None:
@@ -77,14 +80,15 @@ class OpenVinoBackend:
         self._ov, self._genai = ov, ov_genai
         props: dict = {"INFERENCE_NUM_THREADS": threads}
         if precision == "f32":
-            props["INFERENCE_PRECISION_HINT"] = "f32"
+            props.update(INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32", DYNAMIC_QUANTIZATION_GROUP_SIZE=0)
         if prompt_lookup:
             props["prompt_lookup"] = True
         self.pipe = ov_genai.LLMPipeline(gguf, "CPU", **props)
         self.prompt_lookup = prompt_lookup
-        tok = self.pipe.get_tokenizer()
-        vocab = getattr(tok, "get_vocab_vector", None)
-        self.n_vocab = len(vocab()) if vocab is not None else -1
+        try:  # its tokenizer's vocabulary (not checked: the bench gives ids, and reading it fails on byte tokens)
+            self.n_vocab = len(self.pipe.get_tokenizer().get_vocab_vector())
+        except Exception:  # noqa: BLE001 - e.g. a UnicodeDecodeError on a byte-level token
+            self.n_vocab = -1
         self.version = getattr(ov_genai, "__version__", "?")
         self.desc = f"openvino {precision}{' prompt-lookup' if prompt_lookup else ''}"
 
