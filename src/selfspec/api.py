@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ __all__ = ["AutoGenerator", "CompiledFallback", "GenerationResult", "Speculative
 def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, device: str | None = "cpu",
          dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
          kernels: str | None = None, remeasure: bool = False, threads: int | None = None, measure: bool = True,
-         progress: bool | None = None, **method_options) -> SpeculativeGenerator:
+         progress: bool | None = None, **method_options: Any) -> SpeculativeGenerator:
     """Load a model and a decoding method.
 
     ``auto`` (the default for both ``method`` and ``kernels``, as in the CLI) chooses the
@@ -98,8 +99,8 @@ def _load(model: str | LoadedModel | Runner, method: str, device: str | None, dt
     if kernels == AUTO:
         return configure(base, method, method_options, trust_remote_code, remeasure, self_test, keep=given,
                          measure=measure)
-    same = isinstance(model, Runner) and model.backend == kernels
-    target = _checked(model if same else base.runner(kernels), self_test, measure)
+    same = model if isinstance(model, Runner) and model.backend == kernels else None
+    target = _checked(same if same is not None else base.runner(kernels), self_test, measure)
     if method == AUTO:
         return configure(base, method, method_options, trust_remote_code, remeasure, False, keep=given,
                          kernels=[target.backend], measure=measure)

@@ -8,8 +8,10 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -19,10 +21,11 @@ from .core.sampling import GumbelNoise, Warper
 from .core.timing import now
 from .decoding.controller import DraftController
 from .decoding.loop import run
+from .decoding.protocol import Drafter
 from .decoding.state import Clock, DecodeState
 from .decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, make_stop_check, text_before_stop
 from .errors import SelfspecError
-from .models.batch_run import is_batch, per_request
+from .models.batch_run import Work, is_batch, per_request
 from .models.compiled_step import MIN_CAPACITY
 from .models.runner import Runner
 from .registry import METHODS, BuildContext, method_config
@@ -100,7 +103,7 @@ class SpeculativeGenerator:
     It runs on ``threads`` torch CPU threads when set (restored after each request).
     """
 
-    def __init__(self, target: Runner, method: str, drafter, lossless: bool, threads: int | None = None,
+    def __init__(self, target: Runner, method: str, drafter: Drafter, lossless: bool, threads: int | None = None,
                  clock: Clock = now, measure: bool = True, recipe: tuple[str, dict, bool] | None = None) -> None:
         self.target = target
         # the drafter, the clock every step is timed on (tests inject a fake one), the cost
@@ -111,30 +114,30 @@ class SpeculativeGenerator:
         self.method = method
         self.lossless = lossless
         self.last_result: GenerationResult | None = None
-        self.auto_choice = None  # where auto chose the configuration: its autoselect.Choice
+        self.auto_choice: Any = None  # where auto chose the configuration: its autoselect.Choice
         self.auto_table: dict[str, float] | None = None  # ... and the finalists' calibration tokens/s by label
         self.last_method: str | None = None  # what the latest request ran on (``method``, unless auto routed it)
         self.recipe = recipe  # (method, options, trust_remote_code): how to build a drafter per batched request
         self.last_batch_sizes: list[int] = []  # requests per packed forward of the latest batch
-        self.last_results: list = []  # each request's result of the latest stream_batch
+        self.last_results: list[GenerationResult | None] = []  # each request's result of the latest stream_batch
         self.measure = measure  # False (load(measure=False)): nothing written, the cost correction included
-        gc = target.model.generation_config
-        eos = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
+        gc: Any = target.model.generation_config
+        eos: Any = gc.eos_token_id if gc is not None and gc.eos_token_id is not None else None
         if eos is None and target.tokenizer is not None:
             eos = target.tokenizer.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         return self.target.tokenizer
 
     @property
-    def drafter(self):
+    def drafter(self) -> Drafter:
         """The method's drafter (setting another one gives the controller its state and profile)."""
         return self.controller.drafter
 
     @drafter.setter
-    def drafter(self, drafter) -> None:
+    def drafter(self, drafter: Drafter) -> None:
         self.controller.drafter = drafter
 
     @property
@@ -151,7 +154,7 @@ class SpeculativeGenerator:
         """The drafter's cost profile corrected by this generator's verify timings (None: none)."""
         return self.controller.online
 
-    def save_cost_correction(self):
+    def save_cost_correction(self) -> Path | None:
         """Write the drafter's cost profile back to the cache, corrected by the verify timings of
         this generator's requests (where some block size was timed often enough); the next load
         sizes drafts from it. An explicit step (the CLI takes it when a command ends), never
@@ -160,8 +163,8 @@ class SpeculativeGenerator:
         return self.controller.save_cost_correction() if self.measure else None
 
     def _state(self, prompt: str | Sequence[int], cfg: GenerationConfig, chat: bool) -> DecodeState:
-        model = self.target.model
-        ids = encode_prompt(self.tokenizer, prompt, chat, model.config.vocab_size)
+        config: Any = self.target.model.config
+        ids = encode_prompt(self.tokenizer, prompt, chat, config.vocab_size)
         ctx = self.target.context_length
         if len(ids) >= ctx:
             raise SelfspecError(f"the prompt has {len(ids)} tokens but the model's context is {ctx}; shorten it")
@@ -171,9 +174,9 @@ class SpeculativeGenerator:
                 f"the model's context is {ctx}; ask for at most {ctx - len(ids)}"
             )
         device = self.target.device
-        if cfg.seed is None:  # a fresh seed, reported in the result so the run can be reproduced
-            cfg = dataclasses.replace(cfg, seed=secrets.randbits(31))
-        gen = torch.Generator(device=device).manual_seed(cfg.seed)
+        seed = secrets.randbits(31) if cfg.seed is None else cfg.seed  # a fresh one is reported in the result
+        cfg = dataclasses.replace(cfg, seed=seed)  # so the run can be reproduced
+        gen = torch.Generator(device=device).manual_seed(seed)
         warper = Warper(float(cfg.temperature), cfg.top_k, float(cfg.top_p))
         coupled = not warper.greedy and cfg.sampling == "coupled"
         return DecodeState(
@@ -181,7 +184,7 @@ class SpeculativeGenerator:
             cache=self.target.new_cache(len(ids) + cfg.max_new_tokens),  # static on the compiled backend
             eos_ids=self.eos_ids,
             stop_check=make_stop_check(self.tokenizer, cfg.stop),
-            noise=GumbelNoise(cfg.seed) if coupled else None,
+            noise=GumbelNoise(seed) if coupled else None,
         )
 
     def _result(self, state: DecodeState, wall: float) -> GenerationResult:
@@ -204,7 +207,8 @@ class SpeculativeGenerator:
             sampling="greedy" if state.warper.greedy else state.cfg.sampling,
         )
 
-    def steps(self, prompt, chat: bool = True, **gen_kwargs) -> Iterator[tuple[DecodeState, list[int]]]:
+    def steps(self, prompt: str | Sequence[int], chat: bool = True,
+              **gen_kwargs: Any) -> Iterator[tuple[DecodeState, list[int]]]:
         """The decode loop, one item per verify step: ``(state, ids committed at it)``. The state is
         live (``state.stats``, ``state.done``, ``state.finish_reason``); stop iterating to cancel
         the request (nothing is left behind). ``gen_kwargs`` are :class:`GenerationConfig` fields;
@@ -230,16 +234,16 @@ class SpeculativeGenerator:
         :class:`~selfspec.config.GenerationConfig`): with the default ``coupled``, the same seed
         gives the same text for every method. ``seed=None`` draws one (``result.seed``)."""
         if is_batch(prompt):
-            return self.generate_batch(list(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
-                                       top_p=top_p, top_k=top_k, seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos,
-                                       sampling=sampling, include_stop=include_stop)
+            return self.generate_batch(  # type: ignore[return-value]  # a list of prompts: a list of results
+                list(prompt), max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                seed=seed, chat=chat, stop=stop, ignore_eos=ignore_eos, sampling=sampling, include_stop=include_stop)
         for _ in self.steps(prompt, chat, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                              top_k=top_k, seed=seed, stop=stop_strings(stop), ignore_eos=ignore_eos, sampling=sampling,
                              include_stop=include_stop):
             pass
-        return self.last_result
+        return cast(GenerationResult, self.last_result)  # set when the loop ends
 
-    def sibling(self, target) -> SpeculativeGenerator:
+    def sibling(self, target: Any) -> SpeculativeGenerator:
         """A generator of the same method and options with a drafter of its own, verifying through
         ``target`` (a batch's :class:`~selfspec.models.batch.SlotRunner` over this generator's
         runner): one request of a batch. Measures nothing (the drafter reads cached measurements)."""
@@ -258,9 +262,10 @@ class SpeculativeGenerator:
         from .models.batch import packable
 
         return (self.target.step is None and self.recipe is not None and not METHODS[self.recipe[0]].draft_weights
-                and packable(self.target.model.config._attn_implementation))
+                and packable(cast(Any, self.target.model).config._attn_implementation))
 
-    def generate_batch(self, prompts: Sequence, max_batch: int | None = None, **gen_kwargs) -> list[GenerationResult]:
+    def generate_batch(self, prompts: Sequence[Any], max_batch: int | None = None,
+                       **gen_kwargs: Any) -> list[GenerationResult]:
         """Decode ``prompts`` together: each in a decode loop of its own (its own drafter, cache and
         RNG), their verify and prompt blocks packed into one forward per step
         (:class:`~selfspec.models.batch.Batcher`; continuous: a request that ends leaves the batch).
@@ -282,15 +287,15 @@ class SpeculativeGenerator:
                      "the compiled backend's static-shape step" if self.target.step is not None
                      else "no recipe to build a drafter per prompt" if self.recipe is None
                      else "its drafter loads weights of its own" if METHODS[self.recipe[0]].draft_weights
-                     else f"{self.target.model.config._attn_implementation} attention takes no packed masks")
+                     else f"{cast(Any, self.target.model).config._attn_implementation} attention takes no packed masks")
             return [self.generate(p, **kw) for p, kw in zip(prompts, each)]
-        results: list = [None] * len(prompts)
+        results: list[GenerationResult | None] = [None] * len(prompts)
         for _ in self._batch(prompts, each, max_batch, results, streaming=False):
             pass
-        return results
+        return cast(list[GenerationResult], results)  # every request's, or run_batch raised
 
-    def stream_batch(self, prompts: Sequence, max_batch: int | None = None,
-                     **gen_kwargs) -> Iterator[tuple[int, str]]:
+    def stream_batch(self, prompts: Sequence[Any], max_batch: int | None = None,
+                     **gen_kwargs: Any) -> Iterator[tuple[int, str]]:
         """:meth:`stream` for several prompts decoded together as in :meth:`generate_batch`:
         yields ``(prompt index, text piece)`` as each request's tokens are accepted (each prompt's
         pieces join to its text); ``last_results`` holds every request's result afterwards.
@@ -307,7 +312,8 @@ class SpeculativeGenerator:
             return
         yield from self._batch(prompts, each, max_batch, self.last_results, streaming=True)
 
-    def _batch(self, prompts: Sequence, each: list[dict], max_batch: int | None, results: list,
+    def _batch(self, prompts: Sequence[Any], each: list[dict], max_batch: int | None,
+               results: list[GenerationResult | None],
                streaming: bool) -> Iterator[tuple[int, str]]:
         """Decode ``prompts`` as one continuous batch (see :meth:`generate_batch`), each request's
         result into ``results``; while ``streaming``, yields ``(index, piece)`` as pieces come."""
@@ -317,8 +323,8 @@ class SpeculativeGenerator:
         batcher = Batcher(self.target, max_batch or len(prompts))
         gens = [self.sibling(batcher.slot()) for _ in prompts]
 
-        def request(i: int):
-            def work(emit):
+        def request(i: int) -> Work:
+            def work(emit: Callable[[str], None] | None) -> GenerationResult | None:
                 if emit is None:
                     return gens[i].generate(prompts[i], **each[i])
                 for piece in gens[i].stream(prompts[i], **each[i]):
@@ -329,14 +335,14 @@ class SpeculativeGenerator:
         with torch_threads(self.threads):
             yield from run_batch(batcher, [request(i) for i in range(len(prompts))], results, streaming)
         invariant = row_invariant(self.kernels)
-        for r in results:
+        for r in cast(list[GenerationResult], results):  # each request's, or run_batch raised
             r.batch_invariant = invariant
         self.last_batch_sizes = list(batcher.sizes)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
                stop: str | Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
-               include_stop: bool = False) -> Iterator[str]:
+               include_stop: bool = False) -> Iterator[Any]:
         """Yield text pieces as tokens are accepted; ``last_result`` holds the stats afterwards.
         The pieces join to ``last_result.text`` (a stop string is held back, then dropped). A list
         of prompts is :meth:`stream_batch`: ``(prompt index, piece)`` pairs, decoded as one batch."""
@@ -350,9 +356,9 @@ class SpeculativeGenerator:
             if piece:
                 yield piece
 
-    def stream_steps(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                     top_k: int = 0, seed: int | None = None, chat: bool = True, stop: str | Sequence[str] = (),
-                     ignore_eos: bool = False, sampling: str = "coupled",
+    def stream_steps(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
+                     top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat: bool = True,
+                     stop: str | Sequence[str] = (), ignore_eos: bool = False, sampling: str = "coupled",
                      include_stop: bool = False) -> Iterator[tuple[str, list[int]]]:
         """Like :meth:`stream`, also yielding the ids committed at each step (the last step may
         yield an empty piece with the remaining text)."""
@@ -371,7 +377,7 @@ class SpeculativeGenerator:
 
 
 def build_drafter(target: Runner, method: str, options: dict, trust_remote_code: bool,
-                  sizes: tuple[int, ...] = (1,), measure: bool = True) -> tuple[object, bool]:
+                  sizes: tuple[int, ...] = (1,), measure: bool = True) -> tuple[Drafter, bool]:
     """``method``'s drafter with ``options`` over runner ``target``, through the registry, and
     whether the method is lossless. On the compiled backend, the steps of blocks of ``sizes``
     compile (or load from the cache) now, not mid-request. ``measure`` off: nothing is timed or

@@ -62,10 +62,20 @@ def auto_label(candidate: Candidate) -> str:
     return AUTO_PREFIX + candidate.label
 
 
+class Decoded(Protocol):
+    """What a :class:`Decoder`'s ``generate`` returns (``selfspec``'s ``GenerationResult``, or a fake in tests)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def new_tokens(self) -> int: ...
+
+
 class Decoder(Protocol):
     """What :func:`measure` times: ``selfspec.load``'s generator, or a fake in tests."""
 
-    def generate(self, prompt: str, max_new_tokens: int) -> object: ...
+    def generate(self, prompt: str, max_new_tokens: int) -> Decoded: ...
 
 
 @dataclass

@@ -50,11 +50,11 @@ def draft_steps_missing(base: LoadedModel, cands: Sequence[Candidate]) -> list[C
     """Those of the ``compiled`` candidates ``cands`` whose drafter would compile a draft step of its
     own when built (:attr:`~selfspec.drafters.spec.MethodSpec.draft_step`: self-spec's int8 draft,
     about half a minute on SmolLM2), told from the files on disk without building their drafters."""
-    need = [c for c in cands if c.kernels == "compiled" and METHODS[c.method].draft_step is not None]
+    need = [(c, step) for c in cands if c.kernels == "compiled" and (step := METHODS[c.method].draft_step) is not None]
     if not need:
         return []
     target = base.runner("compiled")
-    return [c for c in need if METHODS[c.method].draft_step(target, method_config(c.method, c.options))]
+    return [c for c, step in need if step(target, method_config(c.method, c.options))]
 
 
 def auto_sizes(c: Candidate) -> tuple[int, ...]:

@@ -51,7 +51,7 @@ def choose(model: nn.Module, model_name: str, runner_model: Callable[[str], nn.M
     samples = interleaved({name: case for name, (case, _) in cases.items()}, ROUNDS,
                           device=next(model.parameters()).device, reset=lambda name: cases[name][1]())
     costs = {name: statistics.median(v) for name, v in samples.items()}
-    choice = min(costs, key=costs.get)
+    choice = min(costs, key=costs.__getitem__)
     log.info(f"{choice} kernels are the fastest here ("
              + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in costs.items()) + " for T(1) + T(4))")
     # a read-only home: the per-user cache, else measured again next time (a note, not an error)

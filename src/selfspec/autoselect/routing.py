@@ -9,12 +9,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 from ..decoding.state import DecodeState
 from ..decoding.text import encode_prompt
 from ..generator import SpeculativeGenerator
 from ..models.compiled_step import capacity_for
 from .calibration import Choice
+
+if TYPE_CHECKING:
+    from transformers.modeling_utils import PreTrainedModel
 
 log = logging.getLogger("selfspec.auto")
 
@@ -77,7 +81,7 @@ class AutoGenerator(SpeculativeGenerator):
         if self.fallback is None or self.target.step is None:
             yield from super().steps(prompt, chat, **gen_kwargs)
             return
-        ids = encode_prompt(self.tokenizer, prompt, chat, self.target.model.config.vocab_size)
+        ids = encode_prompt(self.tokenizer, prompt, chat, cast("PreTrainedModel", self.target.model).config.vocab_size)
         other = self._instead(ids, int(gen_kwargs.get("max_new_tokens", 128)))
         if other is None:
             yield from super().steps(ids, chat, **gen_kwargs)

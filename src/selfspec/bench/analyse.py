@@ -60,6 +60,7 @@ def analyse(b: BenchRun, run_load: LoadMonitor) -> dict:
     from ..core.machine import threads_hint
 
     meta, target, backends = b.meta, b.target, b.backends
+    assert target is not None  # loaded by runner.load_contenders before anything is analysed
     names = b.names
     records = [r for r in b.done.values() if r["method"] in names and r["prompt_id"] in {p.id for p in b.prompts}]
     busy = sum(1 for r in records if r.get("contended"))
@@ -91,7 +92,9 @@ def analyse(b: BenchRun, run_load: LoadMonitor) -> dict:
         humaneval_scores(records, by_id, target.tokenizer, summary, b.out)
     profiles = {}
     for backend in backends:
-        profiles[backend] = target.runner(backend).cost_profile().to_json()
+        profile = target.runner(backend).cost_profile()
+        assert profile is not None  # measured where none is cached (None only with measure=False)
+        profiles[backend] = profile.to_json()
     meta["cost_profiles"] = profiles
     try:  # plots first: the report links the ones that were written
         from .plots import plot_all

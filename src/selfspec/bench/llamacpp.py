@@ -227,6 +227,7 @@ class WorkerPeer:
             [*self.command, "serve", str(weights), "--n-ctx", str(self.n_ctx), "--threads", str(self.threads),
              *self.engine],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1)
+        assert self._proc.stdout is not None  # stdout=PIPE
         line = self._proc.stdout.readline()
         hello = json.loads(line) if line.strip() else None
         if hello is None or "error" in hello:

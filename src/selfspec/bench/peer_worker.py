@@ -22,7 +22,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Protocol
+from typing import IO, Protocol, cast
 
 
 class Backend(Protocol):
@@ -35,6 +35,17 @@ class Backend(Protocol):
 
     def stream(self, ids: list[int]) -> Iterator[int]:
         """Greedy tokens after exactly ``ids``, from an empty cache, without end."""
+
+
+class WholeBackend(Protocol):
+    """A loaded model that cannot stream: a :class:`Backend` with ``generate`` in place of ``stream``."""
+
+    n_vocab: int
+    desc: str
+    version: str
+
+    def generate(self, ids: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+        """Greedy tokens after exactly ``ids``, cut as :func:`decode` cuts."""
 
 
 class LlamaBackend:
@@ -128,7 +139,7 @@ def decode(tokens: Iterable[int], max_new_tokens: int, eos: set[int]) -> list[in
     return out
 
 
-def serve(load: Callable[[], Backend], stdin: IO[str], stdout: IO[str]) -> int:
+def serve(load: Callable[[], Backend | WholeBackend], stdin: IO[str], stdout: IO[str]) -> int:
     """Load a backend with ``load``, then answer requests until the end of ``stdin``."""
     try:
         backend = load()
@@ -147,7 +158,7 @@ def serve(load: Callable[[], Backend], stdin: IO[str], stdout: IO[str]) -> int:
             t0 = time.perf_counter()
             prompt, n, eos = list(req["ids"]), int(req["max_new_tokens"]), set(req.get("eos", []))
             whole = getattr(backend, "generate", None)
-            ids = whole(prompt, n, eos) if whole is not None else decode(backend.stream(prompt), n, eos)
+            ids = whole(prompt, n, eos) if whole is not None else decode(cast(Backend, backend).stream(prompt), n, eos)
             reply: dict = {"token_ids": ids, "wall_s": time.perf_counter() - t0}
         except Exception as e:  # noqa: BLE001
             reply = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}

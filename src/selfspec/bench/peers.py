@@ -7,12 +7,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from ..core.timing import Stopwatch
 from ..errors import SelfspecError
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 PEERS = ("hf", "hf-assisted", "hf-pld")
 
@@ -24,7 +29,7 @@ class PeerOutput:
 
 
 def run_peer(peer: str, model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-             top_p: float, top_k: int, seed: int, draft: torch.nn.Module | None = None,
+             top_p: float, top_k: int, seed: int | None, draft: torch.nn.Module | None = None,
              pld_tokens: int = 10) -> PeerOutput:
     """One ``generate`` call; returns the generated ids and its wall time."""
     if peer not in PEERS:
@@ -37,7 +42,7 @@ def run_peer(peer: str, model: torch.nn.Module, prompt_ids: list[int], max_new_t
         torch.manual_seed(seed)
     else:
         kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    gc = model.generation_config
+    gc = cast("GenerationConfig", model.generation_config)
     if gc.pad_token_id is None:
         eos = gc.eos_token_id
         kw["pad_token_id"] = eos[0] if isinstance(eos, list) else eos
@@ -48,5 +53,5 @@ def run_peer(peer: str, model: torch.nn.Module, prompt_ids: list[int], max_new_t
     elif peer == "hf-pld":
         kw["prompt_lookup_num_tokens"] = pld_tokens
     with Stopwatch(device) as watch, torch.inference_mode():
-        out = model.generate(ids, **kw)
+        out = cast("Callable[..., torch.Tensor]", model.generate)(ids, **kw)  # transformers' generate: the ids tensor
     return PeerOutput(out[0, len(prompt_ids) :].tolist(), watch.seconds)

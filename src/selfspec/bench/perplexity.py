@@ -49,9 +49,9 @@ def perplexity(model: torch.nn.Module, tokenizer, texts: list[str], reference: l
     total, count, agree, preds = 0.0, 0, 0, []
     for i, text in enumerate(tqdm(texts, desc=desc, unit="text")):
         ids = tokenizer(text)["input_ids"]
-        nll, pred = token_nll(model, ids)
-        total += float(nll.sum())
-        count += nll.numel()
+        text_nll, pred = token_nll(model, ids)
+        total += float(text_nll.sum())
+        count += text_nll.numel()
         preds.append(pred)
         if reference is not None:
             agree += int((pred == reference[i]).sum())

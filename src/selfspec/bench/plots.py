@@ -145,13 +145,13 @@ def plot_all(out: Path, summary: dict, records: list[dict], profiles: dict[str, 
     # 4. the verify cost profile T(q) per kernels backend on this machine
     if profiles:
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        top = 0.0
+        top_ms = 0.0
         for backend, prof in profiles.items():
             qs, ts = prof["qs"], prof["seconds"]
             ax.plot(qs, [t * 1000 for t in ts], marker="o", label=f"{backend}: T(8)/T(1) = "
                     f"{ts[qs.index(8)] / ts[0]:.2f}" if 8 in qs else backend)
-            top = max(top, max(ts) * 1000)
-        ax.set_ylim(0, top * 1.2)
+            top_ms = max(top_ms, max(ts) * 1000)
+        ax.set_ylim(0, top_ms * 1.2)
         ax.set_xlabel("tokens verified in one forward (q)")
         ax.set_ylabel("ms per target forward")
         ax.set_title("verify cost T(q) per kernels backend")

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -45,7 +45,8 @@ from .provenance import Provenance, check_resumable, package_version, source_rev
 from .records import PACKED, RECORDS, read_records, records_file
 
 if TYPE_CHECKING:
-    from ..generator import Generator
+    from ..generator import SpeculativeGenerator
+    from ..models.runner import Runner
 
 __all__ = ["BenchOptions", "BenchRun", "add_bench_args", "entry_name", "parse_method", "plan", "run"]
 
@@ -68,9 +69,9 @@ def _option_value(text: str) -> object:
     low = text.lower()
     if low in ("true", "false"):
         return low == "true"
-    for cast in (int, float):
+    for convert in (int, float):
         try:
-            return cast(text)
+            return convert(text)
         except ValueError:
             pass
     return text
@@ -120,9 +121,9 @@ class BenchRun:
     prov: Provenance
     out: Path
     done: dict[tuple, dict]
-    gguf: str | None = None
-    target: object = None
-    generators: dict[str, Generator] = field(default_factory=dict)
+    gguf: Path | None = None
+    target: Runner | None = None
+    generators: dict[str, SpeculativeGenerator] = field(default_factory=dict)
     backend_of: dict[str, str] = field(default_factory=dict)
     options_of: dict[str, dict] = field(default_factory=dict)
     backends: list[str] = field(default_factory=list)
@@ -152,13 +153,15 @@ class BenchRun:
         continues from ``ar``'s first answer in the same repeat)."""
         from ..decoding.text import encode_prompt
 
-        text: object = p.text
+        assert self.target is not None  # loaded by load_contenders before any prompt is encoded
+        text: str | list[dict] = p.text
         if "turn1_id" in p.meta:
             first = self.done[(p.meta["turn1_id"], entry_name("ar", self.backends[0]), rep)]
             answer = self.target.tokenizer.decode(first["token_ids"], skip_special_tokens=True)
             text = [{"role": "user", "content": p.turns[0]}, {"role": "assistant", "content": answer},
                     {"role": "user", "content": p.turns[1]}]
-        return encode_prompt(self.target.tokenizer, text, p.chat, self.target.model.config.vocab_size)
+        config: Any = self.target.model.config  # a transformers config (nn.Module's attributes type as Tensor | Module)
+        return encode_prompt(self.target.tokenizer, text, p.chat, config.vocab_size)
 
 
 def plan(args: BenchOptions) -> BenchRun:
@@ -183,8 +186,8 @@ def plan(args: BenchOptions) -> BenchRun:
     if args.repeats < 1:
         raise SelfspecError("--repeats must be at least 1")
     check_output_dir(args.out)  # before the prompts and the model load
-    gen = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-               top_k=args.top_k, seed=args.seed, sampling=args.sampling)
+    gen: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                               top_p=args.top_p, top_k=args.top_k, seed=args.seed, sampling=args.sampling)
     GenerationConfig(**gen)  # validate before loading anything
     for m in methods:
         base_method, extra = parse_method(m)
@@ -242,10 +245,12 @@ def load_contenders(b: BenchRun) -> None:
     if "hf-assisted" in b.peers:  # reuse a method's copy of --draft-model where one runs on stock kernels
         from ..registry import draft_model_of
 
-        b.draft_model = next((draft_model_of(g) for name, g in b.generators.items()
-                              if b.backend_of[name] == "stock" and draft_model_of(g) is not None
-                              and b.options_of[name].get("draft_model") == args.draft_model), None)
+        b.draft_model = cast("torch.nn.Module | None", next(
+            (draft_model_of(g) for name, g in b.generators.items()
+             if b.backend_of[name] == "stock" and draft_model_of(g) is not None
+             and b.options_of[name].get("draft_model") == args.draft_model), None))
         if b.draft_model is None:
+            assert args.draft_model is not None  # plan refuses hf-assisted without --draft-model
             b.draft_model = load_model(args.draft_model, args.device, args.dtype, args.trust_remote_code).model
     b.meta = {"model": args.model, "draft_model": args.draft_model, "dataset": args.dataset,
               "prompts": len(b.prompts), "per_category": args.per_category, "methods": b.methods,
@@ -272,15 +277,17 @@ def warm_up(b: BenchRun) -> dict[str, WorkerPeer]:
             print(f"selfspec: compiled {g.method}'s step for blocks of {', '.join(map(str, sizes))} "
                   f"({', '.join(map(str, capacities))}-position caches) in {s:.0f} s", file=sys.stderr)
     # peers run b.target, the model as transformers loads it (fp32, stock kernels)
+    assert b.target is not None  # loaded by load_contenders
     llama_peers: dict[str, WorkerPeer] = {}
     if b.llama_names:
         assert b.gguf is not None
+        config: Any = b.target.model.config  # a transformers config (nn.Module's attributes type as Tensor | Module)
         longest = max(len(b.prompt_ids(p)) for p in b.prompts if "turn1_id" not in p.meta)
         n_ctx = -(-(args.turns * (longest + args.max_new_tokens) + 64) // 256) * 256
         llama_peers = {n: WorkerPeer(n, b.gguf, n_ctx, torch.get_num_threads(), requant=requant(n),
                                      engine=engine_args(n),
                                      # OpenVINO counts its tokenizer's vocabulary, not the model's (padded) one
-                                     vocab_size=None if n in OPENVINO_PEERS else b.target.model.config.vocab_size)
+                                     vocab_size=None if n in OPENVINO_PEERS else config.vocab_size)
                        for n in b.llama_names}
     for p in b.peers:
         if p in llama_peers:
@@ -303,8 +310,8 @@ def measure_one(b: BenchRun, name: str, pr: Prompt, rep: int, llama_peers: dict[
            "backend": b.backend_of.get(name, "stock"), "prompt_tokens": len(ids),
            "temperature": args.temperature, "sampling": args.sampling, "time": time.time(), **b.prov.record_fields()}
     helpers: tuple[int, ...] = ()
-    if name in llama_peers and llama_peers[name].start() is None and llama_peers[name].pid:
-        helpers = (llama_peers[name].pid,)  # the worker decodes for us: its CPU time is not load
+    if name in llama_peers and llama_peers[name].start() is None and (pid := llama_peers[name].pid):
+        helpers = (pid,)  # the worker decodes for us: its CPU time is not load
     mon = LoadMonitor(helpers=helpers).start()
     if name in b.generators:
         r = b.generators[name].generate(ids, **b.gen)
@@ -324,6 +331,7 @@ def measure_one(b: BenchRun, name: str, pr: Prompt, rep: int, llama_peers: dict[
         else:
             rec.update(token_ids=po.token_ids, new_tokens=len(po.token_ids), wall_s=po.wall_s)
     else:
+        assert b.target is not None  # loaded by load_contenders
         po = run_peer(name, b.target.model, ids, args.max_new_tokens, args.temperature, args.top_p, args.top_k,
                       args.seed, b.draft_model, args.pld_tokens)
         mon.stop()

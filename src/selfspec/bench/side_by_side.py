@@ -5,9 +5,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core.machine import LoadMonitor
 from .peers import PeerOutput, run_peer
+
+if TYPE_CHECKING:
+    from ..generator import GenerationResult
 
 WARM_TOKENS = 8  # each contender decodes this many tokens once before anything is timed
 
@@ -22,8 +26,8 @@ class SideBySide:
         runs: timed runs per contender; load_note: the machine was busy (None: it was not).
     """
 
-    ar: object
-    spec: object
+    ar: GenerationResult
+    spec: GenerationResult
     hf: PeerOutput
     runs: int
     load_note: str | None
@@ -72,5 +76,7 @@ def side_by_side(ar, spec, prompt: str, gen: dict, runs: int = 2) -> SideBySide:
     with LoadMonitor() as load:  # was the machine busy before or during the timed runs?
         timed = [(ar.generate(prompt, **gen), spec.generate(prompt, **gen), hf_generate(gen["max_new_tokens"]))
                  for _ in range(runs)]  # interleaved; the fastest run of each counts
-    a, s, hf = (min((t[i] for t in timed), key=lambda r: r.wall_s) for i in range(3))
+    a = min((t[0] for t in timed), key=lambda r: r.wall_s)
+    s = min((t[1] for t in timed), key=lambda r: r.wall_s)
+    hf = min((t[2] for t in timed), key=lambda r: r.wall_s)
     return SideBySide(a, s, hf, runs, load.note())

@@ -34,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (export, serve, bench):
         command.add_parser(sub)
     for action in sub._choices_actions:  # each command's --help starts with what it does, as train's do
-        command = sub.choices[action.dest]
-        if command.description is None:
-            command.description = action.help
+        command_parser = sub.choices[action.dest]
+        if command_parser.description is None:
+            command_parser.description = action.help
     return p
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from ..config import SAMPLING_MODES, seed_arg, threads_arg
 from ..errors import SelfspecError
@@ -25,11 +26,11 @@ class Parser(argparse.ArgumentParser):
             self.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                               help="print warnings and errors only, not progress notes")
 
-    def error(self, message: str) -> None:  # one line, exit 2, naming the help of the command at fault
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, naming the help of the command at fault
         print(f"selfspec: error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         """As argparse's, but unknown options are reported by the (sub)command that was given
         them, so the error points to ``selfspec generate --help``, not ``selfspec --help``."""
         argv = list(sys.argv[1:] if args is None else args)

@@ -113,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
     step = target.step
     assert step is not None
     # drafts through a step of their own (self-spec's int8 draft) whose step is not saved here
-    drafts_todo = [(m, o) for m, o in drafting if METHODS[m].draft_step(target, method_config(m, o))]
+    drafts_todo: list[tuple[str, dict]] = []
+    for m, o in drafting:
+        draft_step = METHODS[m].draft_step  # set: drafting holds only such methods
+        if draft_step is not None and draft_step(target, method_config(m, o)):
+            drafts_todo.append((m, o))
     todo: list[tuple[int, int, bool]] = []
     ready = []
     for method, hidden in hidden_of.items():
@@ -140,13 +144,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(todo)}] {size}-token blocks, {cap}-position cache{', hidden states' if hidden else ''}: "
               f"saved ({spent:.0f} s so far{f', about {left / 60:.0f} min left' if i < len(todo) else ''})",
               flush=True)
-    for method, options in drafting:  # drafts through a step of their own (self-spec's int8 draft): built here
-        g = build(target, method, options, args.trust_remote_code, sizes=())  # compiles (or loads) it at MIN_CAPACITY
+    for method, opts in drafting:  # drafts through a step of their own (self-spec's int8 draft): built here
+        g = build(target, method, opts, args.trust_remote_code, sizes=())  # compiles (or loads) it at MIN_CAPACITY
         if g.drafter.warm_up(MIN_CAPACITY) == 0.0:
             continue  # no step of its own: this draft runs eagerly
         for c in caps[1:]:
             g.drafter.warm_up(c)
-        print(f"{method} ({_label(options)}): draft step saved ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+        print(f"{method} ({_label(opts)}): draft step saved ({time.perf_counter() - t0:.0f} s so far)", flush=True)
     if todo or drafts_todo:
         print(f"done in {time.perf_counter() - t0:.0f} s; auto now times the compiled kernels too "
               f"(its cached choice is measured again on the next run)")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from .common import add_gen_args, add_model_args, gen_kwargs, kernels_label, load_generator, setup, stats_line
 
 if TYPE_CHECKING:
-    from ..generator import Generator
+    from ..generator import SpeculativeGenerator
 
 DEMO_PROMPT = (
     "Add type hints and a docstring to this function, and return the whole function:\n\n"
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compiled_left_out(args: argparse.Namespace, g: Generator) -> bool:
+def _compiled_left_out(args: argparse.Namespace, g: SpeculativeGenerator) -> bool:
     """Whether ``auto`` chose the kernels and could not time the compiled backend because none of
     its steps were saved here (where they could be: fp32 on a CPU)."""
     choice = g.auto_choice

@@ -78,6 +78,7 @@ def remove(name: str) -> int:
     from ..errors import SelfspecError
     from ..models import bundled, loading
 
+    target: Path | None
     if name in bundled.BUNDLED or name in bundled.FINETUNED:
         target = bundled.model_dir(name)
     elif Path(name).expanduser().suffix == ".gguf" and Path(name).expanduser().is_file():

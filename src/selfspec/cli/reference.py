@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 from collections.abc import Iterator
+from typing import cast
 
 WIDTH = 100  # help lines wrap here whatever the terminal, so the file is the same on every machine
 PYTHON = (3, 11)  # argparse lays help out differently across Python versions: the file is made with this one
@@ -47,7 +48,8 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
     for words, _ in commands[1:]:
         out.append(f"- [`selfspec {' '.join(words)}`](#selfspec-{'-'.join(words)})")
     for words, p in commands:
-        p.formatter_class = functools.partial(p.formatter_class, width=WIDTH)
+        # formatter_class is a HelpFormatter class (typeshed's protocol of it omits width)
+        p.formatter_class = functools.partial(cast("type[argparse.HelpFormatter]", p.formatter_class), width=WIDTH)
         title = " ".join(("selfspec", *words))
         out += ["", f"## {title}", "", "```text", p.format_help().rstrip(), "```"]
     return "\n".join(out) + "\n"

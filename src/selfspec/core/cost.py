@@ -193,7 +193,8 @@ def measure(model: torch.nn.Module, key: str, qs: tuple[int, ...] = DEFAULT_QS, 
     uses) instead of the eager forward on a growing cache."""
     reps = max(reps, MIN_ROUNDS)
     device = next(model.parameters()).device
-    vocab = model.config.vocab_size
+    config: Any = model.config  # a HF model's
+    vocab: int = config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=g)
     if step is not None:

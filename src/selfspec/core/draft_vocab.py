@@ -20,6 +20,7 @@ template's special tokens).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -33,8 +34,8 @@ class DraftVocab:
         vocab_size: V, the target's vocabulary size.
     """
 
-    def __init__(self, ids: torch.Tensor | Sequence[int], vocab_size: int) -> None:
-        ids = torch.as_tensor(ids, dtype=torch.long).flatten().unique(sorted=True)
+    def __init__(self, token_ids: torch.Tensor | Sequence[int], vocab_size: int) -> None:
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().unique(sorted=True)
         if ids.numel() == 0:
             raise ValueError("a draft vocabulary needs at least one token")
         if int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
@@ -96,7 +97,8 @@ class DraftVocab:
         """A new ``Linear(H -> N)`` whose rows are those of ``lm_head`` (an ``nn.Linear`` or a
         swapped layer wrapping one) at ``ids``, on its device and dtype; no gradient."""
         original = getattr(lm_head, "original", lm_head)
-        w = original.weight.detach()
+        weight = cast(torch.Tensor, original.weight)
+        w = weight.detach()
         b = getattr(original, "bias", None)
         layer = nn.Linear(w.shape[1], self.size, bias=b is not None, device=w.device, dtype=w.dtype)
         with torch.no_grad():

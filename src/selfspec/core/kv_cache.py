@@ -19,25 +19,32 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
+from transformers.cache_utils import (
+    Cache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
 
 from ..errors import SelfspecError
 
 
 @functools.cache
-def _cache_arg_name(cls: type) -> str:
+def _cache_arg_name(cls: type[torch.nn.Module]) -> str:
     params = inspect.signature(cls.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
-def cache_arg(module: torch.nn.Module, cache) -> dict:
+def cache_arg(module: torch.nn.Module, cache: Cache) -> dict[str, Cache]:
     """``{name: cache}`` for ``module(...)``, under the argument name the installed
     ``transformers`` expects: ``past_key_values`` up to 5.2x, ``cache`` later (the old name
     still works there but warns)."""
-    return {_cache_arg_name(type(module)): cache}
+    return {_cache_arg_name(type(module)): cache}  # type: ignore[arg-type]  # classes hash; the stub says no
 
 
 class PreallocLayer(DynamicLayer):
@@ -55,11 +62,11 @@ class PreallocLayer(DynamicLayer):
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n = self.keys.shape[-2] if self._kbuf is not None else 0
+        n = cast(torch.Tensor, self.keys).shape[-2] if self._kbuf is not None else 0
         t = key_states.shape[-2]
         if self._kbuf is None or n + t > self._kbuf.shape[-2] or self._kbuf.shape[:2] != key_states.shape[:2]:
             cap = max(self.MIN_CAPACITY, 2 * (n + t))
@@ -67,13 +74,14 @@ class PreallocLayer(DynamicLayer):
             kbuf = key_states.new_empty(b, h, cap, d)
             vbuf = value_states.new_empty(b, h, cap, value_states.shape[-1])
             if n:
-                kbuf[..., :n, :] = self.keys
-                vbuf[..., :n, :] = self.values
+                kbuf[..., :n, :] = cast(torch.Tensor, self.keys)
+                vbuf[..., :n, :] = cast(torch.Tensor, self.values)
             self._kbuf, self._vbuf = kbuf, vbuf
-        self._kbuf[..., n:n + t, :] = key_states
-        self._vbuf[..., n:n + t, :] = value_states
-        self.keys = self._kbuf[..., :n + t, :]
-        self.values = self._vbuf[..., :n + t, :]
+        kbuf, vbuf = self._kbuf, cast(torch.Tensor, self._vbuf)
+        kbuf[..., n:n + t, :] = key_states
+        vbuf[..., n:n + t, :] = value_states
+        self.keys = kbuf[..., :n + t, :]
+        self.values = vbuf[..., :n + t, :]
         return self.keys, self.values
 
     def reset(self) -> None:
@@ -81,7 +89,7 @@ class PreallocLayer(DynamicLayer):
         self._kbuf = self._vbuf = None
 
 
-def _refuse_unrollable(model_config, layers) -> None:
+def _refuse_unrollable(model_config: Any, layers: list[Any]) -> None:
     """Refuse caches whose layers keep a state other than keys and values by position (linear
     attention, recurrent or state-space layers): a rejected draft could not be taken back."""
     for layer in layers:
@@ -92,7 +100,7 @@ def _refuse_unrollable(model_config, layers) -> None:
                                 "attention")
 
 
-def new_cache(model_config, capacity: int | None = None) -> DynamicCache | StaticCache:
+def new_cache(model_config: Any, capacity: int | None = None) -> DynamicCache | StaticCache:
     """An empty cache for one sequence; refuses cache types that cannot be rolled back.
 
     ``capacity``: a ``StaticCache`` of that many positions (the ``compiled`` backend), else a
@@ -112,6 +120,29 @@ def new_cache(model_config, capacity: int | None = None) -> DynamicCache | Stati
     return cache
 
 
+class _KVLayer(DynamicLayer):
+    """What a cache layer holds once written, for the type checker: ``keys``/``values`` tensors."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class _StaticKVLayer(StaticLayer):
+    """A static cache layer with its write counter (a ``[1]`` int64 tensor), for the type checker."""
+
+    cumulative_length: torch.Tensor
+
+
+def _kv_layers(cache: Cache) -> list[_KVLayer]:
+    """``cache.layers`` as key/value layers (every cache :func:`new_cache` makes)."""
+    return cast(list[_KVLayer], cache.layers)
+
+
+def _static_layers(cache: Cache) -> list[_StaticKVLayer]:
+    """A static cache's layers."""
+    return cast(list[_StaticKVLayer], cache.layers)
+
+
 def cache_length(cache: DynamicCache | StaticCache) -> int:
     """Number of cached positions (all layers hold the same number)."""
     return int(cache.get_seq_length())
@@ -124,7 +155,7 @@ def is_static(cache: DynamicCache | StaticCache) -> bool:
 
 def capacity(cache: DynamicCache | StaticCache) -> int | None:
     """A static cache's positions (None for a growing one)."""
-    return cache.layers[0].max_cache_len if is_static(cache) else None
+    return cast(StaticLayer, cache.layers[0]).max_cache_len if is_static(cache) else None
 
 
 def initialised(cache: StaticCache) -> bool:
@@ -140,7 +171,7 @@ def set_length(cache: StaticCache, length: int) -> None:
     step (``.to(device)`` copies it on CUDA, not on the CPU) is an inference tensor, which only
     inference mode may update in place (a reused cache's reset failed on CUDA, 2026-11-27)."""
     with torch.inference_mode():
-        for layer in cache.layers:
+        for layer in _static_layers(cache):
             layer.cumulative_length.fill_(length)
 
 
@@ -148,10 +179,10 @@ def truncate(cache: DynamicCache | StaticCache, length: int) -> None:
     """Drop every cached position at or after ``length``."""
     if is_static(cache):  # per layer, lowered only (a draft that skipped a layer's attention left it
         with torch.inference_mode():  # behind), on the device: no read of the counter on the host
-            for layer in cache.layers:  # (inference mode: see set_length)
-                layer.cumulative_length.clamp_(max=length)
+            for static in _static_layers(cache):  # (inference mode: see set_length)
+                static.cumulative_length.clamp_(max=length)
         return
-    for layer in cache.layers:
+    for layer in _kv_layers(cache):
         if layer.is_initialized and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]
@@ -168,7 +199,7 @@ def commit(cache: DynamicCache | StaticCache, base: int, kept: list[int]) -> Non
     n = len(kept)
     if kept != list(range(n)):  # a tree branch: copy the accepted rows down (gather, then write)
         idx = torch.tensor(kept, dtype=torch.long) + base
-        for layer in cache.layers:
+        for layer in _kv_layers(cache):
             idx_d = idx.to(layer.keys.device)
             layer.keys[..., base : base + n, :] = layer.keys.index_select(-2, idx_d)
             layer.values[..., base : base + n, :] = layer.values.index_select(-2, idx_d)

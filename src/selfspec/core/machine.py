@@ -158,7 +158,7 @@ class LoadMonitor:
 
     __enter__ = start
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     @property

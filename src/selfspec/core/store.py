@@ -71,7 +71,8 @@ def key(kind: Kind, model: torch.nn.Module, name: str, backend: str, *detail: ob
     depends on), ``|``-separated."""
     p = next(model.parameters())
     dev = torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else str(p.device)
-    cfg_hash = hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:12]
+    config: Any = model.config
+    cfg_hash = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:12]
     return "|".join([Kind(kind).value, name, cfg_hash, str(p.dtype), dev, backend, machine_id(),
                      *(str(d) for d in detail)])
 
@@ -98,7 +99,7 @@ def write_path(record_key: str) -> Path | None:
 
 
 def _kind_of(record: type) -> Kind:
-    return record.KIND  # type: ignore[attr-defined, no-any-return]
+    return record.KIND  # type: ignore[attr-defined]
 
 
 def read_at(where: Path, record_key: str, record: type[R]) -> R | None:
@@ -108,7 +109,7 @@ def read_at(where: Path, record_key: str, record: type[R]) -> R | None:
         d = json.loads(where.read_text())
         if d["schema"] != SCHEMA or d["kind"] != _kind_of(record).value or d["key"] != record_key:
             return None
-        return record.from_json(d["data"])  # type: ignore[attr-defined, no-any-return]
+        return record.from_json(d["data"])  # type: ignore[attr-defined]
     except CORRUPT:  # JSONDecodeError is a ValueError
         return None
 

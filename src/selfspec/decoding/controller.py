@@ -24,6 +24,8 @@ It owns:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..core.acceptance import Verdict
 from ..core.online_cost import OnlineCost
 from ..core.timing import now
@@ -98,7 +100,7 @@ class DraftController:
         if sizer is not None and budget is not None:
             sizer.observe(budget, proposal.tree, verdict, state.step_time)
 
-    def save_cost_correction(self):
+    def save_cost_correction(self) -> Path | None:
         """Write the corrected cost profile back to the cache (see
         :meth:`~selfspec.core.online_cost.OnlineCost.persist`); the path, or None."""
         return self.online.persist() if self.online is not None else None

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from ..errors import SelfspecError
 
 
-def encode_prompt(tokenizer, prompt: str | Sequence[int] | Sequence[dict], chat: bool, vocab_size: int) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[int] | Sequence[dict], chat: bool,
+                  vocab_size: int) -> list[int]:
     """Token ids for a prompt. A list of ids is used as is (never templated).
 
     With ``chat`` and a tokenizer that has a chat template, a text prompt becomes one user turn
@@ -38,7 +40,7 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int] | Sequence[dict], chat:
         ids = [int(i) for i in ids]
     else:
         try:
-            ids = [int(i) for i in prompt]
+            ids = [int(i) for i in cast(Sequence[int], prompt)]  # a conversation returned above
         except (TypeError, ValueError) as e:
             raise SelfspecError("the prompt must be a string or a list of integer token ids") from e
         if not ids:
@@ -51,7 +53,7 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int] | Sequence[dict], chat:
     return ids
 
 
-def make_stop_check(tokenizer, stops: Sequence[str]) -> Callable[[list[int]], int | None] | None:
+def make_stop_check(tokenizer: Any, stops: Sequence[str]) -> Callable[[list[int]], int | None] | None:
     """A function of the generated ids (one request's, growing) returning how many to keep when a
     stop string appeared (the tokens up to and including the one that completes it), else None.
 
@@ -90,7 +92,7 @@ class IncrementalDetokenizer:
     the ones not yet shown, so that a tokenizer's leading-space rule for the window's first token
     cancels out between the two decodes) rather than the whole text."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.prefix = 0  # the decode window starts here

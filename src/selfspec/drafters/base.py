@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
-from ..decoding.protocol import DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal, Sizer
 from .spec import ALWAYS, BuildContext, MethodSpec
 
 if TYPE_CHECKING:
@@ -32,12 +32,12 @@ class NullDrafter(DrafterBase):
     lossless = True
     needs_hidden = False
     request_state = ()  # what adapts across requests (LearnedState.snapshot / restore)
-    sizer = None  # it drafts nothing
+    sizer: Sizer | None = None  # it drafts nothing
 
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass
 
-    def propose(self, state: DecodeState, budget: None = None) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget | None = None) -> Proposal:
         return Proposal(DraftTree.chain([state.pending]))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:

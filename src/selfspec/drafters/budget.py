@@ -145,13 +145,14 @@ class ChainBudget:
 
     def choose(self, room: int) -> int:
         """Draft length for the next step, at most ``room``."""
-        if self.profile is None:
+        profile = self.profile
+        if profile is None:
             return min(self.k, room)
         a = min(self.alpha, 0.999)
         w = self.width  # in a batch, costs are in units of the batch's plain step, T(w) (CostProfile.shared)
-        c = self.draft_cost / self.profile.t1 * w / self.profile.ratio(w) if self.profile.t1 > 0 else 0.0
+        c = self.draft_cost / profile.t1 * w / profile.ratio(w) if profile.t1 > 0 else 0.0
         tokens = [(1 - a ** (k + 1)) / (1 - a) for k in range(1, min(self.k, room) + 1)]
-        best_k, rate = best_rate(tokens, lambda k: self.profile.shared(k + 1, w) + k * c)
+        best_k, rate = best_rate(tokens, lambda k: profile.shared(k + 1, w) + k * c)
         return self.probe.pick(best_k, rate)  # does not pay: probe now and then, at the best length
 
     def best_prefix(self, confidences: list[float]) -> int:
@@ -163,10 +164,11 @@ class ChainBudget:
         d drafts, 1 + sum of those products, are weighed against T(d + 1). Drafting cost is
         already spent, so it does not change the choice. Without a profile all drafts are kept.
         """
-        if self.profile is None or not confidences:
+        profile = self.profile
+        if profile is None or not confidences:
             return len(confidences)
         chances = prefix_products(self.calibration(c) for c in confidences)
-        best_d, rate = best_rate(expected_tokens(chances), lambda d: self.profile.shared(d + 1, self.width))
+        best_d, rate = best_rate(expected_tokens(chances), lambda d: profile.shared(d + 1, self.width))
         return best_d if rate > PLAIN_RATE else 0
 
     def update(self, proposed: int, accepted: int, draft_seconds: float | None = None,
@@ -224,6 +226,7 @@ class PositionalAcceptance:
     def cost(self, k: int, verify_tokens: int | None = None) -> float:
         """T(k + 1) of the draft step plus T(``verify_tokens``) (default k + 1, a chain) of the
         verify step, in units of T(1) (of the batch's plain step in a batch: ``CostProfile.shared``)."""
+        assert self.profile is not None  # priced only with a profile (value and choose check)
         return self.profile.shared(k + 1, self.width) + self.profile.shared(verify_tokens or k + 1, self.width)
 
     def tokens(self, k: int) -> list[float]:
@@ -243,6 +246,8 @@ class PositionalAcceptance:
         fixed sampling tree: then only k = its depth is considered, verified at its size."""
         if self.profile is None:
             return min(tree[0] if tree else self.max_k, room)
+        ks: Sequence[int]
+        size: int | None
         if tree is not None:
             ks, size = ([tree[0]] if room >= 1 else []), tree[1]
         else:
@@ -340,6 +345,10 @@ class DraftRule:
     @property
     def profile(self) -> CostProfile | None:
         return self.budget.profile
+
+    @profile.setter
+    def profile(self, profile: CostProfile | None) -> None:
+        self.budget.profile = profile
 
     @property
     def width(self) -> int:

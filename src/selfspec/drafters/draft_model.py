@@ -9,6 +9,7 @@ its cache back to the longest prefix that is still committed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -16,11 +17,14 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import Budget, DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal, Sizer
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import ChainBudget, ChainDraft
 from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class DraftModelDrafter(DrafterBase):
     lossless = True
     needs_hidden = False
     request_state = ("sizer", "length")  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer: Sizer | None  # the Drafter protocol's member, set in __init__
 
     def __init__(self, draft: torch.nn.Module, target_vocab: int, sizer: ChainBudget,
                  min_confidence: float = 0.0) -> None:
@@ -108,7 +113,8 @@ class DraftModelDrafter(DrafterBase):
         self.length += len(ids)
         return out.logits[0, -1].float()
 
-    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft]) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft] | None) -> Proposal:
+        assert budget is not None  # the controller's: this drafter has a sizer
         sizer = budget.sizer
         k = sizer.choose(state.draft_room)
         if k == 0:
@@ -142,11 +148,11 @@ class DraftModelDrafter(DrafterBase):
         made = ChainDraft(len(tokens), tuple(confidences))  # what the sizer learns the draft's cost from
         keep = sizer.best_prefix(confidences)
         tokens, qs = tokens[:keep], qs[:keep]
-        probs = None
+        draft_probs = None
         if qs and tokens:
-            probs = torch.stack([torch.zeros_like(qs[0]), *qs])
+            draft_probs = torch.stack([torch.zeros_like(qs[0]), *qs])
         budget.made = made
-        return Proposal(DraftTree.chain([state.pending, *tokens], probs))
+        return Proposal(DraftTree.chain([state.pending, *tokens], draft_probs))
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         # the draft cache is valid up to the last committed token that it saw
@@ -157,10 +163,10 @@ class DraftModelDrafter(DrafterBase):
 def build(spec: MethodSpec, target, cfg: DraftModelConfig, ctx: BuildContext) -> DraftModelDrafter:
     from ..models.loading import load_model
 
-    draft = load_model(cfg.draft_model, ctx.device, ctx.dtype, ctx.trust_remote_code, kernels=ctx.kernels,
-                       release_fp32=True)
+    draft = load_model(cfg.draft_model, cast(torch.device, ctx.device), cast(torch.dtype, ctx.dtype),
+                       ctx.trust_remote_code, kernels=ctx.kernels, release_fp32=True)  # the target's device, dtype
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.model.config.vocab_size,
-                         draft.model.config.vocab_size, cfg.draft_model)
+                         cast("PreTrainedConfig", draft.model.config).vocab_size, cfg.draft_model)
     budget = chain_budget(target, cfg.auto_k, cfg.k, ctx.measure)
     return DraftModelDrafter(draft.model, target.model.config.vocab_size, budget,
                              cfg.min_confidence if cfg.auto_k else 0.0)

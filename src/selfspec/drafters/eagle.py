@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -40,16 +41,19 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import Budget, DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal, Sizer
 from ..decoding.state import DecodeState, VerifyOutput
 from ..heads.eagle import EagleHead
-from ..heads.eagle3 import target_features
+from ..heads.eagle3 import Eagle3Head, target_features
 from .backoff import TreeDraft, TreeSizer
 from .budget import best_rate
 from .eagle_heads import draft_lm_head, load_head_for
 from .estimators import PLAIN_RATE, ConfidenceCalibration
 from .spec import AutoCandidacy, AutoContext, BuildContext, MethodSpec, check_numbers, need, option
 from .vocab import DRAFT_VOCAB_HELP, DraftLMHead
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -161,8 +165,9 @@ class EagleDrafter(DrafterBase):
     lossless = True
     needs_hidden = True
     request_state = ("length", "sizer")  # adapts across requests (LearnedState)
+    sizer: Sizer | None  # the Drafter protocol's member, set in __init__
 
-    def __init__(self, name: str, target: torch.nn.Module, head: EagleHead, cfg: EagleConfig,
+    def __init__(self, name: str, target: torch.nn.Module, head: EagleHead | Eagle3Head, cfg: EagleConfig,
                  profile: CostProfile | None, source: str = "", lm_head: DraftLMHead | None = None) -> None:
         """
         Args:
@@ -179,8 +184,9 @@ class EagleDrafter(DrafterBase):
         self.head = head
         self.cfg = cfg
         self.source = source
-        self.embed = target.get_input_embeddings()
-        self.lm_head = lm_head or DraftLMHead(target.get_output_embeddings(), None)
+        hf = cast("PreTrainedModel", target)
+        self.embed = hf.get_input_embeddings()
+        self.lm_head = lm_head or DraftLMHead(hf.get_output_embeddings(), None)
         self.device = next(head.parameters()).device
         self.dtype = next(head.parameters()).dtype
         self.cache = kv_cache.new_cache(head.config)
@@ -198,9 +204,11 @@ class EagleDrafter(DrafterBase):
         self.cache = kv_cache.new_cache(self.head.config)
         self.length = 0
         # [P, H] (EAGLE-3: [P, 3·H] fused low/mid/high layers): positions 0..P-1 of the prompt
+        assert out.hidden is not None  # the loop's: this drafter needs_hidden
         self.features = target_features(self.head, out.hidden).to(self.dtype)
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
+        assert out.hidden is not None  # the loop's: this drafter needs_hidden
         idx = torch.tensor(verdict.accepted_nodes, device=out.hidden[-1].device)
         new = target_features(self.head, out.hidden, idx).to(self.dtype)  # root + accepted drafts
         self.features = new if self.features is None or self.features.numel() == 0 else torch.cat([self.features, new])
@@ -284,10 +292,11 @@ class EagleDrafter(DrafterBase):
             # the next level adds at most the frontier's summed acceptance chances in expected
             # tokens; stop when even that is worth less than the level costs (one ar step per token)
             if priced and level_s > 0:
+                assert profile is not None  # priced
                 frontier = float(calibrated(f_score.exp(), calibration).sum())
                 if frontier * profile.t1 < level_s:
                     break
-            started = state.clock(None) if priced else 0.0
+            started = state.clock(None) if priced and state is not None else 0.0  # priced: a state
             out = self._run(f_feat, f_tok, level_pos.fill_(position), tmask)
             position += 1
             depth += 1
@@ -302,11 +311,12 @@ class EagleDrafter(DrafterBase):
             f_ids = size + sel
             size += k * k
             tmask = torch.cat([tmask[u], eye], dim=1)
-            level_s = state.clock(self.device) - started if priced else 0.0
+            level_s = state.clock(self.device) - started if priced and state is not None else 0.0
         return Pool(torch.cat(scores).cpu(), torch.cat(tokens).cpu(), torch.cat(parents).cpu())
 
-    def propose(self, state: DecodeState, budget: Budget[TreeSizer, TreeDraft]) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[TreeSizer, TreeDraft] | None) -> Proposal:
         # timed only where the clock sizes something: never under rejection sampling
+        assert budget is not None  # the controller's: this drafter has a sizer
         sizer = budget.sizer
         timed = sizer.profile is not None and not state.rejection
         started = state.clock(None) if timed else 0.0

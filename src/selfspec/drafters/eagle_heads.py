@@ -80,8 +80,8 @@ def load_head_for(target, head: str, draft_vocab: int, method: str) -> tuple[Eag
     if head and not Path(head).exists():  # a file: load_head says so
         raise SelfspecError(f"head directory {head} does not exist; pass a directory written by "
                             "`selfspec train hass`, or an EAGLE checkpoint directory (--head DIR)")
-    head, _ = load_draft_head(path, target.model)
-    return head, path
+    loaded, _ = load_draft_head(path, target.model)
+    return loaded, path
 
 
 def draft_lm_head(target, head: EagleHead | Eagle3Head, size: int) -> DraftLMHead:
@@ -95,7 +95,8 @@ def draft_lm_head(target, head: EagleHead | Eagle3Head, size: int) -> DraftLMHea
         if size != -1:
             want = draft_vocab_for(target, size)
             have = head.draft_vocab
-            if (want is None) != (have is None) or (want is not None and not torch.equal(want.ids, have.ids)):
+            if (want is None) != (have is None) or (want is not None and have is not None
+                                                    and not torch.equal(want.ids, have.ids)):
                 n = head.lm_head.out_features
                 raise SelfspecError(f"an EAGLE-3 head drafts with its own LM head over the vocabulary it was trained "
                                     f"with ({n} tokens); drop draft_vocab (--draft-vocab) or pass -1")

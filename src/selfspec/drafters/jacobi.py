@@ -21,7 +21,7 @@ import torch
 from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.tree import DraftTree
-from ..decoding.protocol import Budget, DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal, Sizer
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import ChainBudget, ChainDraft
 from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
@@ -49,6 +49,7 @@ class JacobiDrafter(DrafterBase):
     lossless = True
     needs_hidden = False
     request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer: Sizer | None  # the Drafter protocol's member, set in __init__
 
     def __init__(self, cfg: JacobiConfig, sizer: ChainBudget) -> None:
         self.cfg = cfg
@@ -60,7 +61,8 @@ class JacobiDrafter(DrafterBase):
         self.generator.manual_seed(self.cfg.seed)
         self.guesses = []
 
-    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft]) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft] | None) -> Proposal:
+        assert budget is not None  # the controller's: this drafter has a sizer
         self.guesses += ahead_noise(state.ids, self.cfg.m - len(self.guesses), self.generator)
         k = budget.sizer.choose(state.draft_room)
         return Proposal(DraftTree.chain([state.pending, *self.guesses[:k]]))

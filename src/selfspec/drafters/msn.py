@@ -36,7 +36,7 @@ from ..core.acceptance import Verdict
 from ..core.ahead_noise import ahead_noise
 from ..core.cost import CostProfile
 from ..core.tree import DraftTree
-from ..decoding.protocol import Budget, DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal, Sizer
 from ..decoding.state import DecodeState, StepTime, VerifyOutput
 from .backoff import ProbeSchedule
 from .budget import best_rate, expected_tokens
@@ -149,9 +149,10 @@ class NodeRates:
         """Nodes to verify: the prefix length of ``values`` with the best expected tokens per
         unit of verify cost (0 = a plain step), at most ``cap``."""
         cap = min(cap, len(values))
-        if self.profile is None or cap == 0:
+        profile = self.profile
+        if profile is None or cap == 0:
             return cap
-        best_n, rate = best_rate(expected_tokens(values[:cap]), lambda n: self.profile.shared(n + 1, self.width))
+        best_n, rate = best_rate(expected_tokens(values[:cap]), lambda n: profile.shared(n + 1, self.width))
         return self.probe.pick(best_n, rate, min(cap, 4))  # nothing pays: a small probe tree now and then
 
     def update(self, verified: Sequence[int], accepted: set[int]) -> None:
@@ -209,6 +210,7 @@ class MsnDrafter(DrafterBase):
     lossless = True
     needs_hidden = False
     request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer: Sizer | None  # the Drafter protocol's member, set in __init__
 
     def __init__(self, cfg: MsnConfig, profile: CostProfile | None) -> None:
         self.cfg = cfg
@@ -236,7 +238,8 @@ class MsnDrafter(DrafterBase):
             cand[d][r] = tok
         return cand
 
-    def propose(self, state: DecodeState, budget: Budget[NodeRates, TemplateDraft]) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[NodeRates, TemplateDraft] | None) -> Proposal:
+        assert budget is not None  # the controller's: this drafter has a sizer
         room = state.draft_room
         allowed = [i for i, p in enumerate(self.template) if len(p) <= room]
         order, values = budget.sizer.ranking(allowed)
@@ -255,7 +258,8 @@ class MsnDrafter(DrafterBase):
         accepted node's first child, its first child, ...; never the root or any node twice).
         Which template nodes were accepted is the sizer's to learn (the controller feeds it)."""
         tree = proposal.tree
-        rows, node = [], verdict.accepted_nodes[-1]
+        rows: list[int] = []
+        node = verdict.accepted_nodes[-1]
         children = tree.children
         while children[node] and len(rows) < MAX_DEPTH:
             node = children[node][0]

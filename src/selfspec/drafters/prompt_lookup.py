@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..core.acceptance import Verdict
 from ..core.tree import DraftTree
-from ..decoding.protocol import Budget, DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal, Sizer
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import ChainBudget, ChainDraft
 from .spec import ALWAYS, BuildContext, MethodSpec, chain_budget, check_numbers, need, option
@@ -56,6 +56,7 @@ class PromptLookupDrafter(DrafterBase):
     lossless = True
     needs_hidden = False
     request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer: Sizer | None  # the Drafter protocol's member, set in __init__
 
     def __init__(self, cfg: PromptLookupConfig, sizer: ChainBudget) -> None:
         self.cfg = cfg
@@ -64,7 +65,8 @@ class PromptLookupDrafter(DrafterBase):
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass
 
-    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft]) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[ChainBudget, ChainDraft] | None) -> Proposal:
+        assert budget is not None  # the controller's: this drafter has a sizer
         k = budget.sizer.choose(state.draft_room)
         draft = lookup(state.ids, self.cfg.max_ngram, self.cfg.min_ngram, k) if k > 0 else []
         return Proposal(DraftTree.chain([state.pending, *draft]))

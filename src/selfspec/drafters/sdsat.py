@@ -34,7 +34,7 @@ from ..core.acceptance import Verdict
 from ..core.cost import CostProfile
 from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import Budget, DrafterBase, Piggyback, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Piggyback, Proposal, Sizer
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from .budget import PositionalAcceptance
@@ -170,6 +170,7 @@ class SdsatDrafter(DrafterBase):
 
     needs_hidden = False
     request_state = ("sizer", "k")  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer: Sizer | None  # the Drafter protocol's member, set in __init__
 
     def __init__(self, name: str, lossless: bool, adaptive_ids: list[int], cfg: SdsatConfig,
                  profile: CostProfile | None, prior: list[float] | None = None) -> None:
@@ -194,11 +195,12 @@ class SdsatDrafter(DrafterBase):
     def _adaptive(self, k: int) -> torch.Tensor:
         return torch.tensor([self.ids[min(j, len(self.ids)) - 1] for j in range(1, k + 1)], dtype=torch.long)
 
-    def propose(self, state: DecodeState, budget: Budget[PositionalAcceptance, None]) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[PositionalAcceptance, None] | None) -> Proposal:
         if self.drafts is not None:
             tree = self._verify_tree(state, self.drafts)
             self.drafts = None
             return Proposal(tree, accept_rule=None if self.lossless or state.warper.greedy else sample_and_match)
+        assert budget is not None  # the controller's: this drafter has a sizer
         room = state.draft_room - 1  # the draft step itself commits one token first
         if room <= 0:
             self.k = 0
@@ -230,7 +232,7 @@ class SdsatDrafter(DrafterBase):
         for d, r in zip(depths, ranks):
             if d <= deepest:
                 need[d] = max(need[d], r + 1)
-        picks = [[]] + [ordered_sample(q[d - 1], max(need[d], self.cfg.candidates), state.generator)
+        picks: list[list[int]] = [[]] + [ordered_sample(q[d - 1], max(need[d], self.cfg.candidates), state.generator)
                         for d in range(1, len(need))]
         keep = [0]
         tokens = [state.pending]
@@ -249,6 +251,7 @@ class SdsatDrafter(DrafterBase):
 
     def observe(self, state: DecodeState, proposal: Proposal, verdict: Verdict, out: VerifyOutput) -> None:
         if proposal.piggyback is not None:  # a draft step: its adaptive tokens' logits are next step's drafts
+            assert out.piggyback_logits is not None  # the loop's, for a proposal with piggyback tokens
             self.drafts = out.piggyback_logits.float()
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ from ..core import kv_cache
 from ..core.acceptance import Verdict
 from ..core.sampling import sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import Budget, DrafterBase, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Proposal, Sizer
 from ..decoding.state import DecodeState, VerifyOutput
 from ..errors import SelfspecError
 from ..kernels.int8 import layer_classes as int8_layer_classes
@@ -91,6 +92,7 @@ class SelfSpecDrafter(DrafterBase):
     lossless = True
     needs_hidden = False
     request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer: Sizer | None  # the Drafter protocol's member, set in __init__
 
     def __init__(self, model: torch.nn.Module, skip: SkipSet, budget: ChainBudget, draft_exit: str = "cost",
                  gamma: GammaSettings | None = None, auto_k: bool = True, min_confidence: float = 0.3,
@@ -134,7 +136,8 @@ class SelfSpecDrafter(DrafterBase):
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         pass  # the controller starts the sizer's prompt (DraftRule.new_prompt)
 
-    def propose(self, state: DecodeState, budget: Budget[DraftRule, ChainDraft]) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[DraftRule, ChainDraft] | None) -> Proposal:
+        assert budget is not None  # the controller's: this drafter has a sizer
         rule = budget.sizer
         k = rule.max_draft(state.draft_room)
         if k == 0:
@@ -215,7 +218,7 @@ def resolve_skip(target, cfg: SelfSpecConfig
         skip, gamma, priors = sc.skip, sc.gamma, sc.priors()
         vocab, kernels = sc.draft_vocab, sc.draft_kernels
     skip.check(num_layers)
-    over = {k: v for k, v in (("gamma0", cfg.gamma0), ("alpha", cfg.alpha)) if v is not None}
+    over: dict[str, Any] = {k: v for k, v in (("gamma0", cfg.gamma0), ("alpha", cfg.alpha)) if v is not None}
     if cfg.k is not None:
         over["max_draft"] = cfg.k
     vocab = vocab if cfg.draft_vocab == -1 else cfg.draft_vocab

@@ -14,12 +14,16 @@ import json
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from ..errors import SelfspecError
 from ..models.skipping import SkipSet
 from ..paths import model_key, selfspec_home
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 FORMAT = "selfspec-skip-config/1"
 ARCH_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -141,7 +145,7 @@ class SkipConfig:
 
 def config_hash(model: torch.nn.Module) -> str:
     """Hash of the architecture fields that a skip set depends on (12 hex digits)."""
-    cfg = model.config.to_dict()
+    cfg = cast("PreTrainedConfig", model.config).to_dict()
     text = json.dumps({k: cfg.get(k) for k in ARCH_KEYS}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -6,6 +6,7 @@ model, backend, machine and draft and then read from the profiles cache."""
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -16,6 +17,9 @@ from ..models.adapter import attention_masks
 from ..models.compiled_step import MIN_CAPACITY, StaticStep
 from ..models.skipping import SkipSet
 from .vocab import DraftLMHead
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: int,
@@ -43,7 +47,8 @@ def draft_forward(model: torch.nn.Module, cache, tokens: list[int], position: in
                   **kv_cache.cache_arg(model, cache), use_cache=True)
     if lm_head is not None and lm_head.vocab is not None:
         with decode_attention(device):
-            hidden = getattr(model, model.base_model_prefix)(**kwargs).last_hidden_state[0]  # [T, H], post-norm
+            base = getattr(model, cast("PreTrainedModel", model).base_model_prefix)
+            hidden = base(**kwargs).last_hidden_state[0]  # [T, H], post-norm
         return lm_head(hidden[-1:] if last_only else hidden)
     with decode_attention(device):
         out = model(**kwargs, logits_to_keep=1 if last_only else 0)

@@ -34,7 +34,7 @@ from ..core.cost import CostProfile
 from ..core.mask_groups import mask_groups
 from ..core.sampling import Warper, sample
 from ..core.tree import DraftTree
-from ..decoding.protocol import Budget, DrafterBase, Piggyback, Proposal
+from ..decoding.protocol import Budget, DrafterBase, Piggyback, Proposal, Sizer
 from ..decoding.state import DecodeState, VerifyOutput
 from .budget import PositionalAcceptance
 from .estimators import PLAIN_RATE
@@ -73,6 +73,7 @@ class SpaceAcceptance(PositionalAcceptance):
 
     def cost(self, k: int, verify_tokens: int | None = None) -> float:
         """T(``verify_tokens``) (default the whole masked forward, ``step_tokens(k)``) / T(1)."""
+        assert self.profile is not None  # priced only with a profile (value and choose check)
         return self.profile.shared(verify_tokens or step_tokens(k), self.width)
 
 
@@ -85,6 +86,7 @@ def accept_paper(tree: DraftTree, target_logits: torch.Tensor, warper: Warper,
     path = [0]
     for node in range(1, tree.size):  # a chain: node i is candidate i
         q = warper.probs(target_logits[node - 1])
+        assert tree.draft_probs is not None  # sampled candidates carry their draft distributions
         px = float(tree.draft_probs[node, tokens[node]])
         u = float(torch.rand((), generator=generator, device=q.device))
         if not (px > 0 and u * px < float(q[tokens[node]])):
@@ -108,6 +110,7 @@ class SpaceDrafter(DrafterBase):
 
     needs_hidden = False
     request_state = ("sizer",)  # what adapts across requests (LearnedState.snapshot / restore)
+    sizer: Sizer | None  # the Drafter protocol's member, set in __init__
 
     def __init__(self, name: str, lossless: bool, mask_id: int, cfg: SpaceConfig, profile: CostProfile | None,
                  prior: list[float] | None = None) -> None:
@@ -122,7 +125,8 @@ class SpaceDrafter(DrafterBase):
     def prefill(self, state: DecodeState, out: VerifyOutput) -> None:
         self.cands, self.probs = [], None
 
-    def propose(self, state: DecodeState, budget: Budget[SpaceAcceptance, None]) -> Proposal:
+    def propose(self, state: DecodeState, budget: Budget[SpaceAcceptance, None] | None) -> Proposal:
+        assert budget is not None  # the controller's: this drafter has a sizer
         room = state.draft_room
         c = min(len(self.cands), room)
         sizer = budget.sizer
@@ -148,6 +152,7 @@ class SpaceDrafter(DrafterBase):
             return
         k = proposal.piggyback.tokens.numel() // proposal.tree.size
         g = verdict.num_accepted  # the group anchored after the last accepted token
+        assert out.piggyback_logits is not None  # the loop's, for a proposal with piggyback tokens
         logits = out.piggyback_logits[g * k : (g + 1) * k].float()
         if state.warper.greedy or (self.lossless and state.deterministic):  # coupled: the target's noise
             self.cands = state.scores(logits, [state.draft_index(j + 1) for j in range(k)]).argmax(-1).tolist()

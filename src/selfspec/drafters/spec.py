@@ -23,11 +23,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import SelfspecError
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
     from ..decoding.protocol import Drafter
     from ..models.loading import Runner
     from .budget import ChainBudget
@@ -173,7 +176,8 @@ def need(cfg: object, method: str, name: str, ok: bool, rule: str) -> None:
         raise SelfspecError(f"{method} needs {name} {rule}{flag_of(cfg, name)}, not {getattr(cfg, name)!r}")
 
 
-_NUMBERS = {"int": (int, "an integer"), "float": ((int, float), "a number")}
+_NUMBERS: dict[str, tuple[type | tuple[type, ...], str]] = {"int": (int, "an integer"),
+                                                             "float": ((int, float), "a number")}
 
 
 def check_numbers(cfg: object, method: str) -> None:
@@ -209,7 +213,8 @@ def finetuned_ids(target: Runner, method: str, ids: list[int], what: str,
     from ..models.bundled import FINETUNED
     from ..models.finetuned import read_meta
 
-    vocab = target.model.get_input_embeddings().weight.shape[0]
+    embeddings = cast("PreTrainedModel", target.model).get_input_embeddings()
+    vocab = cast("torch.Tensor", embeddings.weight).shape[0]
     meta = read_meta(target.path)
     if not ids:
         if meta is None or meta.get("method") != method:

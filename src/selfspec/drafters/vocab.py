@@ -8,6 +8,8 @@ output stays identical to ``ar`` whatever the draft vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -38,7 +40,7 @@ class DraftLMHead:
         """
         self.vocab = vocab
         if vocab is None:
-            self.layer = lm_head
+            self.layer: Callable[[torch.Tensor], torch.Tensor] = lm_head
             self.size = int(getattr(lm_head, "out_features", 0))
             return
         self.layer = convert_linear(vocab.head(lm_head), backend)

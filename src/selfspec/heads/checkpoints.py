@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from safetensors.torch import load_file
@@ -17,6 +18,9 @@ from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
 from .eagle import META_FILE, WEIGHTS_FILE, EagleHead, fill_head, load_head, read_meta
 from .eagle3 import ARCH_FIELD, HEAD_ARCH, Eagle3Head, load_eagle3_head
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 EMBED = "embed_tokens.weight"
 VOCAB_KEYS = ("d2t", "t2d")  # a reduced draft vocabulary, EAGLE-3 style (not part of the EAGLE-1/2 layer)
@@ -89,11 +93,12 @@ def import_eagle3(path: Path | str, target: torch.nn.Module) -> Eagle3Head:
     state = {k: v for k, v in load_file(str(f)).items() if k not in (EMBED, "t2d")}
     nested = (cfg.get("eagle_config") or {}).get(AUX_IDS)
     layers = [i + 1 for i in nested] if nested else cfg.get(AUX_IDS)
-    hid = int(target.config.hidden_size)
+    tcfg = cast("PreTrainedConfig", target.config)
+    hid = int(tcfg.hidden_size)
     if cfg.get("target_hidden_size", hid) != hid or cfg.get("hidden_size", hid) != hid:
         raise SelfspecError(f"EAGLE-3 head {path} is for hidden size {cfg.get('target_hidden_size')} / "
                             f"{cfg.get('hidden_size')}, the target has {hid}")
-    vsize = int(target.config.vocab_size)
+    vsize = int(tcfg.vocab_size)
     d2t = state.pop("d2t", None)
     vocab = None if d2t is None or (d2t.numel() == vsize and not bool(d2t.any())) else DraftVocab.from_d2t(d2t, vsize)
     head = Eagle3Head(target, layers, vocab)

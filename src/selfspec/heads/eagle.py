@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 from safetensors.torch import load_file
@@ -33,11 +34,16 @@ from ..errors import SelfspecError
 from ..models.skipping import decoder_layers
 from ..paths import save_safetensors
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
+
 HEAD_FORMAT = "selfspec-eagle-head/1"
 META_FILE = "selfspec_head.json"
 WEIGHTS_FILE = "model.safetensors"
 ARCH_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
              "vocab_size", "rope_theta", "head_dim")
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def _rotary_of(model: nn.Module) -> nn.Module:
@@ -69,7 +75,7 @@ class EagleHead(nn.Module):
         super().__init__()
         layer_cls = type(decoder_layers(target)[0])
         rot_cls = type(_rotary_of(target))
-        cfg = copy.deepcopy(target.config)
+        cfg = copy.deepcopy(cast("PreTrainedConfig", target.config))
         cfg.num_hidden_layers = 1
         cfg.bias = bias
         cfg.use_cache = True
@@ -139,11 +145,12 @@ def save_head_files(head: nn.Module, out: Path | str, head_meta: dict, meta: dic
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
     extra: dict = {}
-    if head.draft_vocab is not None:
-        state["d2t"], state["t2d"] = head.draft_vocab.d2t(), head.draft_vocab.t2d()
-        extra["draft_vocab_size"] = head.draft_vocab.size
+    vocab = cast("DraftVocab | None", head.draft_vocab)  # an EagleHead's or an Eagle3Head's
+    if vocab is not None:
+        state["d2t"], state["t2d"] = vocab.d2t(), vocab.t2d()
+        extra["draft_vocab_size"] = vocab.size
     save_safetensors(state, out / WEIGHTS_FILE, metadata={"format": "pt"})
-    cfg = head.config.to_dict()
+    cfg = cast("PreTrainedConfig", head.config).to_dict()
     cfg.pop("_attn_implementation_autoset", None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str) + "\n")
     (out / META_FILE).write_text(json.dumps({**head_meta, **extra, **meta}, indent=2) + "\n")
@@ -178,14 +185,15 @@ def read_head_state(path: Path | str, target: nn.Module,
     the full one), after checking that it was trained for ``target``'s architecture and that its
     vocabulary is consistent (ids unique and in range, ``t2d`` and ``draft_vocab_size`` agreeing)."""
     path = Path(path)
-    if meta["arch"] != arch_hash(target.config):
+    tcfg = cast("PreTrainedConfig", target.config)
+    if meta["arch"] != arch_hash(tcfg):
         raise SelfspecError(f"draft head {path} was trained for another architecture "
                             f"(target '{meta.get('target', '?')}'); train one for this model")
     state = load_file(str(path / WEIGHTS_FILE))
     d2t, t2d = state.pop("d2t", None), state.pop("t2d", None)
     if d2t is None:
         return state, None
-    vocab = int(target.config.vocab_size)
+    vocab = int(tcfg.vocab_size)
     ids = torch.arange(d2t.numel()) + d2t.long()
     if (meta.get("draft_vocab_size", d2t.numel()) != d2t.numel() or ids.numel() == 0 or int(ids.min()) < 0
             or int(ids.max()) >= vocab or ids.unique().numel() != ids.numel()
@@ -196,7 +204,7 @@ def read_head_state(path: Path | str, target: nn.Module,
     return state, DraftVocab(ids, vocab)
 
 
-def fill_head(head: nn.Module, state: dict[str, torch.Tensor], path: Path | str, what: str = "draft head") -> nn.Module:
+def fill_head(head: M, state: dict[str, torch.Tensor], path: Path | str, what: str = "draft head") -> M:
     """Load ``state`` into ``head`` (every tensor, nothing else: a one-line error names a mismatch)
     and put it in eval mode."""
     missing, unexpected = head.load_state_dict(state, strict=False)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -39,6 +40,9 @@ from ..core import kv_cache
 from ..core.draft_vocab import DraftVocab
 from ..errors import SelfspecError
 from .eagle import HEAD_FORMAT, arch_hash, fill_head, read_head_state, read_meta, save_head_files
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
 
 HEAD_ARCH = "eagle3"
 ARCH_FIELD = "head_arch"  # selfspec_head.json: "eagle3"; absent for EAGLE-1/2 heads
@@ -60,7 +64,7 @@ def resolve_feature_layers(num_layers: int, layers: Sequence[int] | None = None)
     if len(picked) != 3 or not all(0 <= i < num_layers for i in picked):
         raise SelfspecError(f"EAGLE-3 feature layers must be three hidden-state indices in [0, {num_layers - 1}] "
                             f"(the inputs of decoder layers), not {list(picked)}")
-    return picked  # type: ignore[return-value]
+    return picked
 
 
 def draft_config(target_config, draft_vocab_size: int, feature_layers: Sequence[int]) -> LlamaConfig:
@@ -113,7 +117,7 @@ class Eagle3Head(nn.Module):
             draft_vocab: the reduced draft vocabulary (None: the full vocabulary).
         """
         super().__init__()
-        tcfg = target.config
+        tcfg = cast("PreTrainedConfig", target.config)
         layers = resolve_feature_layers(int(tcfg.num_hidden_layers), feature_layers)
         vocab_size = int(tcfg.vocab_size)
         if draft_vocab is not None and draft_vocab.vocab_size != vocab_size:
@@ -156,7 +160,7 @@ class Eagle3Head(nn.Module):
     def init_from_target(self, target: nn.Module) -> None:
         """Start ``lm_head`` from the target's LM-head rows of the draft vocabulary and ``norm``
         from the target's final norm (where the shapes agree): a warm start for training."""
-        out = target.get_output_embeddings()
+        out = cast("PreTrainedModel", target).get_output_embeddings()
         w = getattr(out, "original", out).weight
         rows = self.draft_vocab.ids_on(w.device) if self.draft_vocab is not None else slice(None)
         if w.shape[1] == self.hidden_size:
@@ -204,7 +208,7 @@ class Eagle3Head(nn.Module):
         """The midlayer on projected inputs ``x = [E(x); h]`` (``[B, T, 2H]``) -> ``[B, T, H]``."""
         layer = self.midlayer
         emb, h = x.split(self.hidden_size, dim=-1)
-        a = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)
+        a = torch.cat([layer.input_layernorm(emb), cast(LlamaRMSNorm, layer.hidden_norm)(h)], dim=-1)
         pe = self.rotary_emb(h, position_ids=positions)
         attn, _ = layer.self_attn(hidden_states=a, attention_mask=mask, position_embeddings=pe,
                                   **kv_cache.cache_arg(layer.self_attn, cache))

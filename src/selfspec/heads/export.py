@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -62,6 +63,9 @@ from .export_common import (
     serve_hint,
 )
 from .export_eagle3 import export_eagle3
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["Export", "check_export_dir", "default_dtype", "export_head", "serve_hint"]
 
@@ -171,7 +175,8 @@ def export_head(head_dir: Path | str, target: torch.nn.Module, engine: str, out:
         cfg.update(bias="fc.bias" in state, qkv_bias=has_qkv,
                    architectures=["Qwen2ForCausalLM" if mt == "qwen2" else "LlamaForCausalLM"])
         if with_embeddings:
-            state[EMBED] = target.get_input_embeddings().weight.detach().cpu()
+            embeddings = cast("PreTrainedModel", target).get_input_embeddings()
+            state[EMBED] = cast(torch.Tensor, embeddings.weight).detach().cpu()
         if ids is not None:
             res.notes.append(full_vocab)
     out = res.out

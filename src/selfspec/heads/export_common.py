@@ -14,6 +14,7 @@ from ..errors import SelfspecError
 from ..paths import check_output_dir
 from .checkpoints import TOKEN_MAP_FILE
 from .eagle import WEIGHTS_FILE, EagleHead
+from .eagle3 import Eagle3Head
 
 ENGINES = ("vllm", "sglang", "eagle")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -51,13 +52,14 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
     theta = params.get("rope_theta", cfg.get("rope_theta"))
     if theta is None:
         raise SelfspecError("the target's config has no RoPE base (rope_theta / rope_parameters)")
+    scaling: dict | None
     scaling = {k: v for k, v in params.items() if k != "rope_theta"} if params else dict(cfg.get("rope_scaling") or {})
     if scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
     return float(theta), scaling
 
 
-def base_config(head: EagleHead, meta: dict, dtype: torch.dtype, engine: str) -> dict:
+def base_config(head: EagleHead | Eagle3Head, meta: dict, dtype: torch.dtype, engine: str) -> dict:
     cfg = head.config.to_dict()
     for k in _DROP_KEYS:
         cfg.pop(k, None)

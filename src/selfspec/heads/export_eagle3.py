@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -21,6 +22,9 @@ from .checkpoints import AUX_IDS, TOKEN_MAP_FILE
 from .eagle import WEIGHTS_FILE
 from .eagle3 import default_feature_layers, load_eagle3_head
 from .export_common import DTYPES, Export, base_config, head_dim
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 EAGLE3_ENGINES = ("vllm", "sglang")
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"  # vLLM registry -> Eagle3LlamaForCausalLM; SGLang EntryClass
@@ -62,7 +66,7 @@ def export_eagle3(head_dir: Path | str, target: torch.nn.Module, engine: str, ou
     state = {k: v.detach().cpu().to(tdtype).contiguous() for k, v in head.state_dict().items()}
     state["d2t"] = vocab.d2t() if vocab is not None else torch.zeros(n, dtype=torch.long)
     state["t2d"] = vocab.t2d() if vocab is not None else torch.ones(n, dtype=torch.bool)
-    default = default_feature_layers(int(target.config.num_hidden_layers))
+    default = default_feature_layers(int(cast("PreTrainedConfig", target.config).num_hidden_layers))
     if head.feature_layers != default:
         res.notes.append(f"the head reads target layers {list(head.feature_layers)}, not EAGLE-3's default "
                          f"{list(default)}: the config names them; serve with an engine version that reads {AUX_IDS}")

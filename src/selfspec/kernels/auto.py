@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -24,6 +25,9 @@ from torch import nn
 from ..core import kv_cache
 from ..core.attention import decode_attention
 from .onednn import available as onednn_available
+
+if TYPE_CHECKING:
+    from transformers.modeling_utils import PreTrainedModel
 
 log = logging.getLogger("selfspec.kernels")
 
@@ -46,7 +50,7 @@ def quick_case(model: nn.Module, context: int = QUICK_CONTEXT) -> tuple[Callable
     them (the cache truncated back to the prefix). Returns ``(case, reset)``."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
+    vocab = cast("PreTrainedModel", model).config.vocab_size
     cache = kv_cache.new_cache(model.config)
     with torch.inference_mode():
         model(input_ids=torch.randint(0, vocab, (1, context), generator=g).to(device),

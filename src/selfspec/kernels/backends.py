@@ -7,6 +7,7 @@ Below both :mod:`selfspec.kernels` (which adds ``auto`` and the checks of a name
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, cast
 
 import psutil
 import torch
@@ -20,6 +21,9 @@ from .onednn import OneDNNLinear, SharedProductLinear, add_blocked, share_produc
 from .onednn import apply as apply_onednn
 from .onednn import available as onednn_available
 from .swap import SwappedLinear, linear_layers, original_of, swap_linears, use_attention
+
+if TYPE_CHECKING:
+    from transformers.modeling_utils import PreTrainedModel
 
 log = logging.getLogger("selfspec.kernels")
 
@@ -44,7 +48,7 @@ def install_backend(model: nn.Module, kernels: str) -> None:
             if add_blocked(model, psutil.virtual_memory().available // 3) is None:
                 log.info("few-token steps of the compiled backend use oneDNN's kernel (too little "
                          "free memory for a second copy of the weights)")
-        if model.config._attn_implementation == "sdpa":
+        if cast("PreTrainedModel", model).config._attn_implementation == "sdpa":
             use_attention(model, STATIC_NAME)  # attends over the static cache without copying KV heads
     elif kernels != "stock":
         raise ValueError(f"not a concrete backend: {kernels!r}")
@@ -58,7 +62,7 @@ def compiled_layers(weight: torch.Tensor) -> str:
     return "onednn" if onednn_available(weight.device, weight.dtype) is None else "stock"
 
 
-def convert_linear(layer: nn.Linear, kernels: str) -> nn.Module:
+def convert_linear(layer: nn.Linear | SwappedLinear, kernels: str) -> nn.Module:
     """One stand-alone ``nn.Linear`` on concrete backend ``kernels`` (e.g. a draft LM head over a
     reduced vocabulary, which lives outside the model). Same call signature as ``layer``; a layer
     already on ``kernels`` is returned as it is, one on another backend is converted from its

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import warnings
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -168,7 +169,7 @@ def _fastest(kernels: list[str], bits: int) -> str:
             for x in xs:
                 kern.sums(x)
             best[k] = min(best[k], time.perf_counter() - t0)
-    return min(kernels, key=best.get)
+    return min(kernels, key=best.__getitem__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -262,10 +263,12 @@ class CompiledInt8Path:
 
     blocked: torch.Tensor | None = None
     row_scale: torch.Tensor | None = None
+    original: nn.Linear  # as in SwappedLinear, which every class of this mixin also is
+    out_features: int
 
     def add_layout(self) -> bool:
         """Build the layout from the fp32 original; False where its rows do not fill blocks."""
-        w = original_of(self).weight.detach().float()
+        w = self.original.weight.detach().float()
         q, scale = quantize_rows(w)
         self.blocked = blocked_layout(q)
         self.row_scale = scale.reshape(-1)
@@ -277,7 +280,7 @@ class CompiledInt8Path:
         x2, lead = flatten(x)
         if self.blocked is None or not torch.compiler.is_compiling() or not layout_takes(x2.shape[0]):
             return None
-        bias = original_of(self).bias
+        bias = self.original.bias
         y = few_row_product(x2.float(), self.blocked, None if bias is None else bias.float(), self.row_scale)
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
@@ -322,8 +325,9 @@ class Int8Group:
         """Output of sibling ``index`` for ``x[..., K]``: ``[..., sizes[index]]``."""
         seen = self._seen
         version = -1 if x.is_inference() else x._version
-        outputs = getattr(seen, "outputs", None)
-        if x is not getattr(seen, "input", None) or version != seen.version or outputs[index] is None:
+        outputs: list[torch.Tensor | None] | None = getattr(seen, "outputs", None)
+        if (x is not getattr(seen, "input", None) or version != seen.version or outputs is None
+                or outputs[index] is None):
             x2, lead = flatten(x)
             y = self.matmul(x2).to(x.dtype)
             outputs = [part.reshape(*lead, n) for part, n in zip(y.split(self.sizes, dim=1), self.sizes)]
@@ -331,7 +335,7 @@ class Int8Group:
         out, outputs[index] = outputs[index], None
         if all(o is None for o in outputs):
             seen.input = None  # all taken: hold no reference to the input
-        return out
+        return cast(torch.Tensor, out)  # not None: just computed, or checked above
 
 
 class Int8GroupMember(SwappedLinear, CompiledInt8Path):
@@ -352,11 +356,11 @@ class Int8GroupMember(SwappedLinear, CompiledInt8Path):
 def sibling_groups(model: nn.Module) -> list[tuple[nn.Module, tuple[str, ...], list[nn.Linear]]]:
     """The sibling layers :func:`apply` fuses into one product each: ``(parent, attribute names,
     their fp32 originals)`` for every set of :data:`SIBLINGS` that reads one input."""
-    groups = []
+    groups: list[tuple[nn.Module, tuple[str, ...], list[nn.Linear]]] = []
     for parent in model.modules():
         for names in SIBLINGS:
-            layers = [getattr(parent, n, None) for n in names]
-            if not all(isinstance(x, (nn.Linear, SwappedLinear)) for x in layers):
+            layers = [x for x in (getattr(parent, n, None) for n in names) if isinstance(x, (nn.Linear, SwappedLinear))]
+            if len(layers) != len(names):
                 continue
             originals = [original_of(x) for x in layers]
             if len({o.in_features for o in originals}) == 1:
@@ -389,5 +393,6 @@ def apply(model: nn.Module) -> None:
     rest = [child for _, _, child in linear_layers(model) if id(child) not in grouped]
     if rest:
         swap_linears(model, Int8Linear, only={id(c) for c in rest})
-    if model.config._attn_implementation == "sdpa":  # an eager-only model (Gemma 2's softcap) keeps its own
+    # an eager-only model (Gemma 2's softcap) keeps its own
+    if cast(Any, model).config._attn_implementation == "sdpa":
         use_attention(model, ROWWISE_ATTENTION)

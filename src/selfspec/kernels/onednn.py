@@ -13,6 +13,8 @@ input like any parameter (nothing is baked into a saved step).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 from torch import nn
 
@@ -22,6 +24,9 @@ from .gemv import blocked as blocked_layout
 from .gemv import gemv as few_row_product
 from .gemv import takes as layout_takes
 from .swap import SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
+
+if TYPE_CHECKING:
+    from transformers.modeling_utils import PreTrainedModel
 
 
 def available(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -151,8 +156,9 @@ def share_products(model: nn.Module) -> int:
     groups = 0
     for parent in list(model.modules()):
         for names in SIBLINGS:
-            layers = [getattr(parent, name, None) for name in names]
-            if not all(isinstance(layer, (nn.Linear, SwappedLinear)) for layer in layers):
+            layers = [layer for layer in (getattr(parent, name, None) for name in names)
+                      if isinstance(layer, (nn.Linear, SwappedLinear))]
+            if len(layers) != len(names):
                 continue
             originals = [original_of(layer) for layer in layers]
             if len({o.in_features for o in originals}) != 1:
@@ -173,7 +179,7 @@ def _same_tensor_key(node: object) -> object:
         return node
     base = node
     while base.op == "call_function" and base.target in _VIEWS:
-        base = base.args[0]
+        base = cast(torch.fx.Node, base.args[0])  # a view's input: a graph value
     val = node.meta.get("val")
     if base is node or base.op == "placeholder" or not isinstance(val, torch.Tensor):
         return node  # a graph input may be mutated between two views of it: not merged
@@ -246,7 +252,7 @@ def apply(model: nn.Module) -> None:
     if reason:
         raise SelfspecError(reason)
     swap_linears(model, OneDNNLinear)
-    if model.config._attn_implementation == "sdpa":
+    if cast("PreTrainedModel", model).config._attn_implementation == "sdpa":
         from .gqa_attention import NAME
 
         use_attention(model, NAME)

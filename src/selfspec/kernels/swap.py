@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers.modeling_utils import PreTrainedModel
 
 
 class SwappedLinear(nn.Module):
@@ -21,6 +25,7 @@ class SwappedLinear(nn.Module):
     """
 
     backend = "?"
+    original: nn.Linear  # in the instance's __dict__, not a submodule (see __init__)
 
     def __init__(self, original: nn.Linear) -> None:
         super().__init__()
@@ -33,14 +38,14 @@ class SwappedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, backend={self.backend}"
 
 
-def original_of(layer: nn.Module) -> nn.Module:
+def original_of(layer: nn.Linear | SwappedLinear) -> nn.Linear:
     """The ``nn.Linear`` behind a swapped layer (the layer itself if it is not swapped)."""
     return layer.original if isinstance(layer, SwappedLinear) else layer
 
 
-def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear | SwappedLinear]]:
     """Every ``(parent, attribute name, layer)`` whose layer is an ``nn.Linear`` or a swapped one."""
-    found = []
+    found: list[tuple[nn.Module, str, nn.Linear | SwappedLinear]] = []
     for parent in model.modules():
         for name, child in parent.named_children():
             if isinstance(child, (nn.Linear, SwappedLinear)):
@@ -48,7 +53,7 @@ def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return found
 
 
-def swap_linears(model: nn.Module, make: Callable[[nn.Linear], SwappedLinear], only: set[int] | None = None) -> int:
+def swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module], only: set[int] | None = None) -> int:
     """Replace every linear layer (or those whose ``id`` is in ``only``) by ``make(original)``;
     returns how many were replaced. Called on a runner's own module tree when it is built
     (:meth:`~selfspec.models.runner.LoadedModel.runner`), never on one that runs."""
@@ -63,8 +68,9 @@ def swap_linears(model: nn.Module, make: Callable[[nn.Linear], SwappedLinear], o
 
 def use_attention(model: nn.Module, name: str) -> None:
     """Give ``model`` (a runner's own module tree, with its own config) the attention function ``name``."""
-    if model.config._attn_implementation != name:
-        model.set_attn_implementation(name)
+    hf = cast("PreTrainedModel", model)
+    if hf.config._attn_implementation != name:
+        hf.set_attn_implementation(name)
 
 
 def current_backend(model: nn.Module) -> str:
@@ -85,7 +91,8 @@ def release_originals(model: nn.Module) -> int:
     good, e.g. a draft model, need not hold both copies). Weights shared with the input
     embedding are kept. Returns the number of bytes freed; the model cannot go back to
     ``stock`` afterwards."""
-    keep = model.get_input_embeddings().weight.data_ptr() if hasattr(model, "get_input_embeddings") else None
+    get_embeddings = getattr(model, "get_input_embeddings", None)  # a transformers model's
+    keep = get_embeddings().weight.data_ptr() if get_embeddings is not None else None
     freed = 0
     for _, _, child in linear_layers(model):
         if isinstance(child, SwappedLinear) and child.original.weight.data_ptr() != keep:

@@ -8,6 +8,8 @@ touches, so output is unchanged.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import psutil
 from torch import nn
 
@@ -16,7 +18,10 @@ from .bf16 import apply as apply_bf16
 from .gemv import BLOCK as LAYOUT_BLOCK
 from .int8 import CompiledInt8Path
 from .int8 import apply as apply_int8
-from .swap import layer_bytes, linear_layers, original_of, released, share_copy
+from .swap import layer_bytes, linear_layers, original_of, released, share_copy, use_attention
+
+if TYPE_CHECKING:
+    from transformers.modeling_utils import PreTrainedModel
 
 DRAFT_KERNELS = ("same", "int8", "bf16")
 
@@ -65,13 +70,12 @@ class DraftLayers:
             raise SelfspecError("this model's fp32 weights were released; load it again to draft on other kernels")
         self.kernels = kernels
         self.model = share_copy(model)
-        attn = model.config._attn_implementation
+        attn = cast("PreTrainedModel", model).config._attn_implementation
         if kernels == "int8":
             apply_int8(self.model)  # builds the int8 layers from the fp32 originals
         else:
             apply_bf16(self.model)
-        if self.model.config._attn_implementation != attn:  # the verify runner's attention function
-            self.model.set_attn_implementation(attn)
+        use_attention(self.model, attn)  # the verify runner's attention function
         self._verify = model
 
     @property
@@ -85,8 +89,9 @@ class DraftLayers:
         backend's draft step). True when every layer has it; False (and nothing kept) for bf16
         drafts, where a layer's rows do not fill the layout's blocks, or where the copies would
         take more than a third of the free memory."""
-        layers = [layer for _, _, layer in linear_layers(self.model)]
-        if self.kernels != "int8" or not all(isinstance(layer, CompiledInt8Path) for layer in layers):
+        all_layers = [layer for _, _, layer in linear_layers(self.model)]
+        layers = [layer for layer in all_layers if isinstance(layer, CompiledInt8Path)]
+        if self.kernels != "int8" or len(layers) != len(all_layers):
             return False
         if not layout_fits(self.model):
             return False

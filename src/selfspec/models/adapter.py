@@ -8,6 +8,7 @@ uses the model's own causal mask (``attention_mask=None``), exactly the path ``g
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
@@ -99,8 +100,9 @@ def attention_masks(model: torch.nn.Module, base: int, block_mask: torch.Tensor,
     alike, else one per layer type (``{"full_attention": ..., "sliding_attention": ...}``, which
     the models with mixed layers take)."""
     device = next(model.parameters()).device
-    impl, dtype = impl or model.config._attn_implementation, model.dtype
-    windows = set(layer_windows(model.config))
+    config: Any = model.config  # an HF model's (nn.Module types its attributes as Tensor | Module)
+    impl, dtype = impl or cast(str, config._attn_implementation), cast(torch.dtype, model.dtype)
+    windows = set(layer_windows(config))
     if len(windows) == 1:
         return build_mask(base, block_mask, impl, dtype, device, width, positions, next(iter(windows)))
     window = max(w for w in windows if w is not None)
@@ -152,7 +154,7 @@ def forward_block(
     if block_mask is None and has_windows(model):  # the window in our mask: the cache keeps every position
         block_mask = torch.ones(ids.numel(), ids.numel(), dtype=torch.bool).tril()
     if block_mask is not None:
-        impl = model.config._attn_implementation
+        impl = cast(Any, model.config)._attn_implementation
         if impl not in (*BOOL_MASK_IMPLS, "eager"):
             raise SelfspecError(f"tree verification needs attn_implementation sdpa or eager, not {impl}")
         mask = attention_masks(model, base, block_mask, positions)

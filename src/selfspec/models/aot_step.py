@@ -33,6 +33,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -106,7 +107,7 @@ def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[in
             model: ``kernels.int8.layer_classes``); None: the layers ``model`` holds."""
     import transformers
 
-    config = model.config
+    config: Any = model.config  # an HF model's (nn.Module types its attributes as Tensor | Module)
     if linears is None:
         layers = linear_layers(model)
         linears = {type(m) for _, _, m in layers}
@@ -138,6 +139,7 @@ def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[in
 def _external(model: torch.nn.Module) -> dict[str, object]:
     """The model's ``forward`` and every function its decorators wrap, by stable names."""
     out: dict[str, object] = {}
+    f: Callable | None
     f, i = type(model).forward, 0
     while f is not None and i < 16:
         out[f"forward{i}"] = f
@@ -201,7 +203,7 @@ def compile_step(model: torch.nn.Module, kwargs: dict, path: Path | None) -> Cal
                              options={"guard_filter_fn": lambda entries: [False for _ in entries],
                                       **cpu_step_options()})
     with _probed_isa(path.parent) if path is not None else contextlib.nullcontext():
-        fn = compiled.aot_compile(((), kwargs))
+        fn = compiled.aot_compile(((), kwargs))  # type: ignore[attr-defined]  # torch.compile's type lacks aot_compile
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

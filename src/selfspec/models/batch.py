@@ -32,7 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ..core import kv_cache
 from ..core.attention import decode_attention
 from ..errors import SelfspecError
-from .adapter import BOOL_MASK_IMPLS, FULL, SLIDING, BlockOutput, attention_masks
+from .adapter import BOOL_MASK_IMPLS, FULL, SLIDING, BlockOutput, attention_masks, has_windows
 
 PACKED_NAME = "selfspec_packed"
 """The attention function of a packed module tree (registered with ``transformers.AttentionInterface``)."""
@@ -74,12 +74,13 @@ class Block:
 class PackedKV:
     """What :class:`PackedCache` hands the attention in place of keys and values: each request's
     keys and values ``[1, Hkv, L_i, D]`` (its cache with its block), its rows of the packed block and
-    its mask ``[1, 1, T_i, L_i]``, and the runner's own attention function by name."""
+    its mask ``[1, 1, T_i, L_i]`` (None for a one-token block with no sliding window: it sees
+    every position, as in a solo step), and the runner's own attention function by name."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     rows: list[tuple[int, int]]
-    masks: list[torch.Tensor | dict[str, torch.Tensor]]  # a dict: one per layer type (full, sliding)
+    masks: list[torch.Tensor | dict[str, torch.Tensor] | None]  # a dict: one per layer type; None: sees all
     inner: str
 
 
@@ -96,12 +97,14 @@ class PackedCache(Cache):
         for b in blocks:
             self.rows.append((start, start + b.ids.numel()))
             start += b.ids.numel()
-        self.masks = [attention_masks(model, b.base, b.block_mask if b.block_mask is not None
-                                      else torch.ones(b.ids.numel(), b.ids.numel(), dtype=torch.bool).tril(),
-                                      b.positions, impl=inner) for b in blocks]
+        windows = has_windows(model)
+        self.masks = [None if b.ids.numel() == 1 and not windows  # one token sees every position: no mask
+                      else attention_masks(model, b.base, b.block_mask if b.block_mask is not None
+                                           else torch.ones(b.ids.numel(), b.ids.numel(), dtype=torch.bool).tril(),
+                                           b.positions, impl=inner) for b in blocks]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args,
-               **kwargs) -> tuple[PackedKV, PackedKV]:
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,  # type: ignore[override]
+               *args, **kwargs) -> tuple[PackedKV, PackedKV]:  # by design: the packed attention takes PackedKV
         keys, values = [], []
         for cache, (r0, r1) in zip(self.caches, self.rows):
             k, v = cache.update(key_states[:, :, r0:r1], value_states[:, :, r0:r1], layer_idx)

@@ -280,7 +280,8 @@ def convert_gguf(gguf: Path, out: Path, source: dict) -> None:
         except (ValueError, KeyError, NotImplementedError) as e:  # e.g. an architecture transformers cannot read
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise SelfspecError(f"cannot convert {gguf.name}: {first}") from e
-        model.hf_quantizer = None  # weights are already plain dequantised tensors
+        # weights are already plain dequantised tensors (transformers sets hf_quantizer without declaring it)
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp, safe_serialization=True)

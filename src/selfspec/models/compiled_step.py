@@ -44,6 +44,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
@@ -142,7 +143,7 @@ def window_arg(model: torch.nn.Module, written: int) -> dict[str, torch.Tensor]:
     positions of the static cache (:func:`~selfspec.kernels.gqa_attention.windowed_sdpa`), as a
     0-d int64 CPU tensor, where that attention runs on the CPU; else none (on CUDA the length
     would be a device transfer per layer, and captured graphs replay fixed shapes)."""
-    if model.config._attn_implementation != STATIC_NAME or next(model.parameters()).device.type != "cpu":
+    if cast(Any, model.config)._attn_implementation != STATIC_NAME or next(model.parameters()).device.type != "cpu":
         return {}
     return {WINDOW: torch.tensor(written, dtype=torch.long)}
 
@@ -189,7 +190,7 @@ class StaticStep:
 
     def give_back(self, cache) -> None:
         """Return a request's static cache for later requests (:meth:`take_cache`)."""
-        self._free.setdefault(kv_cache.capacity(cache), []).append(cache)
+        self._free.setdefault(cast(int, kv_cache.capacity(cache)), []).append(cache)  # a static cache's: an int
 
     @property
     def compiled(self) -> set[tuple[int, int, bool]]:
@@ -295,7 +296,7 @@ class StaticStep:
         Returns:
             logits ``[1, V]`` of the last prompt token, and the hidden states when asked.
         """
-        t, width = ids.numel(), kv_cache.capacity(cache)
+        t, width = ids.numel(), cast(int, kv_cache.capacity(cache))  # a static cache's: an int
         starts = range(0, t, PREFILL_BLOCK)
         ends = [min(t, i + PREFILL_BLOCK) for i in starts]
         if starts[-1] + bucket(ends[-1] - starts[-1]) > width:  # the padded blocks would not fit (tiny caches)
@@ -318,8 +319,8 @@ class StaticStep:
         model = self.model
         device = next(model.parameters()).device
         t = ids.numel()
-        mask = padded_mask(0, None, t, t, kv_cache.capacity(cache), model.config._attn_implementation, model.dtype,
-                           device, model)
+        mask = padded_mask(0, None, t, t, cast(int, kv_cache.capacity(cache)),
+                           cast(Any, model.config)._attn_implementation, cast(torch.dtype, model.dtype), device, model)
         out = model(input_ids=ids.to(device)[None], position_ids=torch.arange(t, device=device)[None],
                     attention_mask=mask, **kv_cache.cache_arg(model, cache), use_cache=True,
                     output_hidden_states=want_hidden, logits_to_keep=1, **window_arg(model, t))
@@ -349,7 +350,7 @@ class StaticStep:
             base = kv_cache.cache_length(cache)
         else:  # the block is written at base whatever a draft left in the cache past it
             kv_cache.set_length(cache, base)
-        width = kv_cache.capacity(cache)
+        width = cast(int, kv_cache.capacity(cache))  # a static cache's: an int
         t = ids.numel()
         p = bucket(t)
         if base + p > width:
@@ -361,7 +362,8 @@ class StaticStep:
         pos_p = torch.full((p,), int(positions[-1]), dtype=torch.long)
         pos_p[:t] = positions.cpu()
         mask = padded_mask(base, block_mask.cpu() if block_mask is not None else None, t, p, width,
-                           model.config._attn_implementation, model.dtype, device, model, pos_p)
+                           cast(Any, model.config)._attn_implementation, cast(torch.dtype, model.dtype), device, model,
+                           pos_p)
         shape = (p, width, want_hidden)
         first = self.compile and shape not in self.compile_s
         kwargs = dict(input_ids=ids_p.to(device)[None], position_ids=pos_p.to(device)[None], attention_mask=mask,

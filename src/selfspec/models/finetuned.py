@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -33,15 +34,16 @@ def add_tokens(model: torch.nn.Module, tokenizer, tokens: list[str]) -> list[int
     larger than an average token's). Returns their ids."""
     if not tokens:
         return []
+    hf: Any = model  # an HF model (nn.Module types its methods as Tensor | Module)
     tokenizer.add_tokens(tokens, special_tokens=True)
     ids = tokenizer.convert_tokens_to_ids(tokens)
-    old = model.get_input_embeddings().weight.shape[0]
+    old = hf.get_input_embeddings().weight.shape[0]
     if max(ids) >= old:
-        model.resize_token_embeddings(max(max(ids) + 1, len(tokenizer)), mean_resizing=False)
+        hf.resize_token_embeddings(max(max(ids) + 1, len(tokenizer)), mean_resizing=False)
         with torch.no_grad():
-            emb = model.get_input_embeddings().weight
+            emb = hf.get_input_embeddings().weight
             emb[old:] = emb[:old].mean(0)
-            out = model.get_output_embeddings()
+            out = hf.get_output_embeddings()
             if out is not None and out.weight is not emb:
                 out.weight[old:] = out.weight[:old].mean(0)
     return list(ids)
@@ -69,7 +71,7 @@ def apply_adapter(base_dir: str | Path, adapter_dir: str | Path, out: str | Path
                             "it was trained on another base model")
     rows = load_file(str(adapter_dir / ROWS_FILE))
     with torch.no_grad():
-        model.get_input_embeddings().weight[ids] = rows["input"]
+        cast(torch.nn.Embedding, model.get_input_embeddings()).weight[ids] = rows["input"]
         if "output" in rows:
             model.get_output_embeddings().weight[ids] = rows["output"]
     if (adapter_dir / "adapter_model.safetensors").is_file():

@@ -205,7 +205,7 @@ def load_model(
             ) from e
         raise SelfspecError(f"could not load {spec}: {str(e).splitlines()[0]}") from e
     check_decodable(model.config)  # at load: a layer kind that cannot be rolled back is refused in one line
-    model.to(dev).eval()
+    model.to(dev).eval()  # type: ignore[arg-type]  # transformers' @wraps-decorated `to`: typed unbound (self first)
     model.requires_grad_(False)
     loaded = LoadedModel(model, tok, spec, path)
     runner = loaded.runner(kernels)

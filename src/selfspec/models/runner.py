@@ -22,6 +22,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -152,7 +153,7 @@ class LoadedModel:
         runner = self.runner(kernels)
         self.keep_only(kernels)
         self.only = kernels
-        embed = self.model.get_input_embeddings().weight.data_ptr()
+        embed = cast(Any, self.model).get_input_embeddings().weight.data_ptr()  # an HF model's method
         freed = release_originals(runner.model)
         for m in self.model.modules():  # the stock tree's references to the same tensors
             if isinstance(m, nn.Linear) and m.weight.numel() and m.weight.data_ptr() != embed:

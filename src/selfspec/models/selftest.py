@@ -16,6 +16,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -23,6 +24,9 @@ from ..core import kv_cache, store
 from ..core.tree import DraftTree
 from ..errors import SelfspecError
 from .adapter import forward_block
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 log = logging.getLogger("selfspec.models")
 
@@ -46,12 +50,13 @@ def tree_self_test(model: torch.nn.Module, prefix_len: int = 5, atol: float | No
     """Returns the largest logit difference; raises SelfspecError when the tree forward does not
     match the sequential one (fp32: beyond ``atol``, default 1e-3; half precision: see the
     module docstring, or beyond ``atol`` when given)."""
-    vocab = model.config.vocab_size
+    config: Any = model.config  # an HF model's (nn.Module types its attributes as Tensor | Module)
+    vocab = config.vocab_size
     g = torch.Generator().manual_seed(1234)
     prefix = torch.randint(0, vocab, (prefix_len,), generator=g)
     tokens = torch.randint(0, vocab, (6,), generator=g)
     tree = DraftTree(tokens, torch.tensor([-1, 0, 0, 1, 2, 2]))
-    cache = kv_cache.new_cache(model.config)
+    cache = cast("DynamicCache", kv_cache.new_cache(config))  # no capacity: a growing cache
     forward_block(model, cache, prefix, torch.arange(prefix_len), None)
     out = forward_block(model, cache, tree.tokens, tree.depths + prefix_len, tree.ancestor_mask)
     worst = 0.0
@@ -64,7 +69,7 @@ def tree_self_test(model: torch.nn.Module, prefix_len: int = 5, atol: float | No
         seq_rows.append(ref.logits)
     half = model.dtype in (torch.bfloat16, torch.float16)
     if half and atol is None:
-        ok, detail = _half_precision_ok(torch.cat(tree_rows), torch.cat(seq_rows), model.dtype)
+        ok, detail = _half_precision_ok(torch.cat(tree_rows), torch.cat(seq_rows), cast(torch.dtype, model.dtype))
     else:
         atol = 1e-3 if atol is None else atol
         ok, detail = worst <= atol, f"max logit difference {worst:.3g}, tolerance {atol:g}"

@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
@@ -63,6 +64,7 @@ class _Gate:
         self.engine = engine
 
     def _authorized(self, scope) -> ApiError | None:
+        assert self.key is not None  # asked only where an API key is set
         given = b""
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
@@ -171,7 +173,8 @@ def create_app(engine: Engine, options: AppOptions) -> FastAPI:
                                code="internal_error"))
 
     def model_card() -> dict:
-        card = {"id": options.model_id, "object": "model", "created": options.created, "owned_by": "selfspec"}
+        card: dict[str, Any] = {"id": options.model_id, "object": "model", "created": options.created,
+                                "owned_by": "selfspec"}
         g = engine.generator
         card["selfspec"] = {"version": __version__}
         if g is not None:

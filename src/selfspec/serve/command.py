@@ -7,8 +7,12 @@ import argparse
 import ipaddress
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import SelfspecError, missing_dependency
+
+if TYPE_CHECKING:
+    from ..generator import SpeculativeGenerator
 
 API_KEY_ENV = "SELFSPEC_API_KEY"
 
@@ -57,7 +61,7 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
             f"use the model; pass --api-key KEY or set ${API_KEY_ENV}")
 
 
-def run_serve(args: argparse.Namespace, load: Callable[[], object]) -> int:
+def run_serve(args: argparse.Namespace, load: Callable[[], SpeculativeGenerator]) -> int:
     """``selfspec serve``: check the flags, then serve what ``load()`` returns."""
     if not 0 <= args.port <= 65535:
         raise SelfspecError(f"--port must be in [0, 65535], not {args.port}")

@@ -31,9 +31,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import SelfspecError
 from .load_peers import SelfspecServer, VllmServer, no_eos, transformers_batches
+
+if TYPE_CHECKING:
+    from ..generator import SpeculativeGenerator
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +174,8 @@ class InProcessServer:
         self.sock.close()
 
 
-def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_dir: str | None = None) -> int:
+def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], SpeculativeGenerator],
+                    model_dir: str | None = None) -> int:
     """The benchmark (see the module docstring); ``load()`` returns the served generator and
     ``model_dir`` is its weights' directory (what the vLLM peer loads). Prints the report; 0."""
     import torch
@@ -183,18 +188,20 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
                             f"${VLLM_PYTHON_ENV} (docs/serving.md says how to install it)")
     opts.out.mkdir(parents=True, exist_ok=True)
     g = load()
-    vocab = g.target.model.config.vocab_size
+    config: Any = g.target.model.config  # a transformers config (nn.Module's attributes type as Tensor | Module)
+    vocab = config.vocab_size
     ids = [encode_prompt(g.tokenizer, t, True, vocab) for t in opts.prompts]
     log.info("solo runs of %d prompts", len(ids))
     solo = [g.generate(x, max_new_tokens=opts.max_new_tokens, ignore_eos=True).token_ids for x in ids]
     model = g.target.base.model
+    generate = cast("Callable[..., torch.Tensor]", model.generate)  # transformers' generate: the ids tensor
     with torch.inference_mode():
         # an explicit mask: without one, generate infers it from the pad id, which masks a chat prompt's
         # turn-end tokens where the pad id is the end-of-turn id (SmolLM2) and EOS is no longer it
         dev = next(model.parameters()).device
-        ref = [model.generate(input_ids=torch.tensor([x], device=dev),
-                              attention_mask=torch.ones(1, len(x), dtype=torch.long, device=dev),
-                              generation_config=no_eos(model, opts.max_new_tokens))[0, len(x):].tolist() for x in ids]
+        ref = [generate(input_ids=torch.tensor([x], device=dev),
+                        attention_mask=torch.ones(1, len(x), dtype=torch.long, device=dev),
+                        generation_config=no_eos(model, opts.max_new_tokens))[0, len(x):].tolist() for x in ids]
     solo_vs_generate = sum(a == b for a, b in zip(solo, ref))
     solo_text = [g.tokenizer.decode(s, skip_special_tokens=True) for s in solo]
     rows: list[dict] = []
@@ -216,6 +223,7 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], object], model_
                     "tok_s": round(tok_s, 2), "identical_to_solo": sum(a == b for a, b in zip(out, solo)),
                     "requests": len(solo), "failed": []})
     if "vllm" in opts.peers:
+        assert vllm_python is not None  # refused above without one
         _vllm_levels(opts, vllm_python, model_dir, solo_text, record)
     report = render(rows, solo_vs_generate, len(solo), opts)
     (opts.out / "concurrency.md").write_text(report)
@@ -266,7 +274,7 @@ def _serve_levels(opts: ConcurrencyOptions, solo_text: list[str], record: Callab
         server.stop()
 
 
-def _vllm_levels(opts: ConcurrencyOptions, vllm_python: str | None, model_dir: str | None, solo_text: list[str],
+def _vllm_levels(opts: ConcurrencyOptions, vllm_python: str, model_dir: str | None, solo_text: list[str],
                  record: Callable[[dict], None]) -> None:
     """vLLM's CPU build through its own server at each concurrency; a failure is recorded as such."""
     vllm = VllmServer(vllm_python, model_dir or "", opts.out / "vllm.log")

@@ -22,12 +22,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
 
 from ..decoding.text import IncrementalDetokenizer, StopTextFilter, encode_prompt, text_before_stop
 from ..errors import SelfspecError
 from .metrics import Metrics
 from .protocol import Outcome
 from .requests import ApiError, Request
+
+if TYPE_CHECKING:
+    from ..generator import SpeculativeGenerator
+    from ..models.batch import Batcher
 
 log = logging.getLogger("selfspec.serve")
 
@@ -90,10 +95,10 @@ class Engine:
         self.max_queue = max_queue
         self.request_timeout = request_timeout
         self.max_batch = max_batch
-        self.batcher = None
+        self.batcher: Batcher | None = None
         self.batch_invariant: bool | None = None
         self.step_hook: Callable[[], None] | None = None
-        self.generator = None
+        self.generator: SpeculativeGenerator | None = None
         self.draining = False
         self._encoder = None  # a copy of the tokenizer, for the event loop's threads (encoding is not thread-safe)
         self._encode_lock = threading.Lock()
@@ -135,6 +140,7 @@ class Engine:
 
     @property
     def context_length(self) -> int:
+        assert self.generator is not None  # asked for once a model is attached (ready)
         return self.generator.target.context_length
 
     def encode(self, req: Request) -> list[int]:
@@ -240,7 +246,8 @@ class Engine:
         while True:
             b = self.batcher
             busy = b is not None and b.active > 0
-            if not stopping and (not busy or b.active < b.max_batch):
+            if not stopping and (b is None or not busy or b.active < b.max_batch):
+                job: Job | Literal[False] | None
                 try:
                     job = self._queue.get(block=not busy)  # wait for work only when nothing decodes
                 except queue.Empty:
@@ -256,7 +263,7 @@ class Engine:
                     continue  # admit the others that wait before the next forward
             if stopping and not busy:
                 return
-            if busy:
+            if busy and b is not None:
                 b.step(wait=0.05)
 
     def _claim(self, job: Job) -> bool:
@@ -277,11 +284,13 @@ class Engine:
         from ..models.batch_run import request_thread
 
         b = self.batcher
+        assert b is not None  # _work starts jobs here only with a batcher
         joined = False
         try:
             with self._lock:
                 g = self._slots.pop() if self._slots else None
             if g is None:
+                assert self.generator is not None  # attached with the batcher
                 g = self.generator.sibling(b.slot())
             b.join()
             joined = True
@@ -338,6 +347,7 @@ class Engine:
         m.inc("prompt_tokens", len(job.ids))
         # the public decode loop (SpeculativeGenerator.steps), with the live state for the per-step metrics
         steps = g.steps(job.ids, False, **req.gen_kwargs(job.max_new_tokens))
+        accepted: list[int]
         state, first, accepted, timed_out = None, None, [], False
         try:
             for state, new in steps:

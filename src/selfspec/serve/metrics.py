@@ -8,6 +8,7 @@ worker updates them, the event loop renders them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -66,10 +67,10 @@ class Metrics:
         self._of(name, labels).inc(value)
 
     def set(self, name: str, value: float) -> None:
-        self._m[name].set(value)
+        cast(Gauge, self._m[name]).set(value)  # a gauge's name
 
     def observe(self, name: str, value: float) -> None:
-        self._m[name].observe(value)
+        cast(Histogram, self._m[name]).observe(value)  # a histogram's name
 
     def get(self, name: str, **labels: str) -> float:
         """A counter's or gauge's value (0 where those labels never occurred)."""

@@ -13,7 +13,7 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, cast
 
 from pydantic import (
     BaseModel,
@@ -110,7 +110,7 @@ class Request:
                     sampling=self.sampling)
 
 
-def _type_error(param: str, want: str, value) -> PydanticCustomError:
+def _type_error(param: str | None, want: str, value) -> PydanticCustomError:
     return PydanticCustomError("invalid_type", "'{param}' must be {want}, got {got}",
                                {"param": param, "want": want, "got": json.dumps(value)[:80]})
 
@@ -245,6 +245,7 @@ class CompletionBody(BaseModel):
     @field_validator(*LIMITS)
     @classmethod
     def _in_range(cls, v, info: ValidationInfo):
+        assert info.field_name is not None  # a field validator: pydantic names the field
         allowed, want = LIMITS[info.field_name]
         if v is not None and not allowed(v):
             raise _invalid(f"'{info.field_name}' must be {want}, got {v}")
@@ -367,9 +368,11 @@ def parse_request(body: dict, chat: bool) -> Request:
     temperature = 1.0 if b.temperature is None else b.temperature
     if b.stream_options is not None and not b.stream:
         raise bad("'stream_options' is only allowed with stream: true", "stream_options")
+    # stop and sampling as _stop and _sampling left them: a tuple of strings; a mode or None
     return Request(chat=chat, prompt=prompt, model=b.model, max_tokens=max_tokens,
                    temperature=0.0 if temperature < GREEDY_BELOW else temperature,
                    top_p=1.0 if b.top_p is None else b.top_p, top_k=max(b.top_k or 0, 0), seed=b.seed,
-                   stop=b.stop or (), stream=bool(b.stream),
+                   stop=cast("tuple[str, ...]", b.stop or ()), stream=bool(b.stream),
                    include_usage=bool(b.stream_options and b.stream_options.include_usage),
-                   ignore_eos=bool(b.ignore_eos), sampling=b.sampling or "coupled")
+                   ignore_eos=bool(b.ignore_eos),
+                   sampling=cast(str, b.sampling or "coupled"))

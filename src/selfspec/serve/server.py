@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -21,6 +22,9 @@ from ..errors import SelfspecError
 from .app import AppOptions, create_app
 from .engine import Engine
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from ..generator import SpeculativeGenerator
 
 log = logging.getLogger("selfspec.serve")
 FORCE_EXIT_AFTER_S = 2.0  # after a second Ctrl-C: time for the aborted request's 503 to go out
@@ -101,7 +105,7 @@ class _Server(uvicorn.Server):
         self.force_exit = True
 
 
-def serve(opts: ServeOptions, load: Callable[[], object], warning: str | None = None) -> int:
+def serve(opts: ServeOptions, load: Callable[[], SpeculativeGenerator], warning: str | None = None) -> int:
     """Serve the generator ``load()`` returns (called in a background thread) until a signal;
     ``warning`` is printed once the socket is bound."""
     if not logging.getLogger("selfspec").handlers:

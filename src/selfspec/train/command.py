@@ -225,6 +225,7 @@ def run_head(args: argparse.Namespace) -> int:
         from ..heads.eagle3 import resolve_feature_layers
 
         layers = resolve_feature_layers(int(target.model.config.num_hidden_layers), layers)  # EAGLE-3's by default
+        assert isinstance(opts, Eagle3Options)  # made above for eagle3
         opts = replace(opts, feature_layers=layers)
         feat_dir = feat_dir / f"eagle3-{'-'.join(str(i) for i in layers)}"
     if acc.is_main_process:
@@ -238,9 +239,11 @@ def run_head(args: argparse.Namespace) -> int:
     if eagle3:
         from .eagle3 import train_eagle3
 
+        assert isinstance(opts, Eagle3Options)  # made above for eagle3
         res = train_eagle3(target.model, seqs, out, opts, meta, resume=args.resume, progress=not args.no_progress,
                            accelerator=acc)
     else:
+        assert isinstance(opts, TrainOptions)  # made above when not eagle3
         res = train_head(target.model, seqs, out, opts, meta, resume=args.resume, progress=not args.no_progress,
                          accelerator=acc)
     if acc.is_main_process:

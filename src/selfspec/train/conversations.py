@@ -153,6 +153,7 @@ def load_jsonl_conversations(path: str | Path) -> list[Conversation]:
             if problem:
                 raise SelfspecError(f"{path}: line {n}: {problem}; each line needs 'messages': a non-empty list of "
                                     "{'role': 'user' or 'assistant', 'content': a string}")
+            assert isinstance(msgs, list)  # _messages_problem passes only a non-empty list
             out.append(Conversation(str(r.get("id", f"{p.stem}-{n}")),
                                     tuple((m["role"], m["content"]) for m in msgs)))
     return out
@@ -232,8 +233,8 @@ def tokenize_conversation(tokenizer, conv: Conversation, max_len: int) -> Exampl
     text = _render(tokenizer, conv)
     try:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    except NotImplementedError as e:
-        raise SelfspecError("training data needs a fast (Rust) tokenizer that returns offsets") from e
+    except NotImplementedError as err:
+        raise SelfspecError("training data needs a fast (Rust) tokenizer that returns offsets") from err
     ids: list[int] = enc["input_ids"][:max_len]
     offsets = enc["offset_mapping"][: len(ids)]
     mask = [False] * len(ids)

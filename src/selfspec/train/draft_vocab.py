@@ -12,6 +12,7 @@ import datetime
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from tqdm.auto import tqdm
@@ -20,6 +21,9 @@ from ..core.draft_vocab import DraftVocab, ranking_from_counts
 from ..models.draft_vocab import FORMAT, SIZES
 from .conversations import Conversation, code_conversations, load_sharegpt
 from .pipeline import regenerate
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 
 def count_texts(tokenizer, texts: Iterable[str], vocab_size: int, progress: bool = False,
@@ -51,7 +55,7 @@ def build_ranking(model: torch.nn.Module, tokenizer, model_name: str, prompts: i
     from .conversations import exclude_prompts
     from .pipeline import evaluation_prompts
 
-    vocab = int(model.config.vocab_size)
+    vocab = int(cast("PreTrainedConfig", model.config).vocab_size)
     own_convs = exclude_prompts(load_sharegpt(prompts, seed), evaluation_prompts())
     cache = cache or Path(f"/tmp/selfspec-draft-vocab-{model_name.replace('/', '_')}.jsonl")
     cache.parent.mkdir(parents=True, exist_ok=True)

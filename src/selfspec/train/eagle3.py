@@ -38,6 +38,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -51,6 +52,9 @@ from . import loop
 from .features import CachedSequence
 from .options import TrainingOptions
 from .trainer import recorded_options, training_vocab, with_feature_noise
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -209,9 +213,10 @@ def compute_losses3(model: nn.Module, target: nn.Module, batch: Batch3, opts: Ea
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     learn = batch.learn.to(device)
+    lm = cast("PreTrainedModel", target)
     with torch.no_grad():
-        emb = target.get_input_embeddings()(batch.next_tokens.to(device)).to(dtype)
-    t = teacher3(target.get_output_embeddings(), batch.last.to(device=device, dtype=dtype)[learn], vocab, opts.topk)
+        emb = lm.get_input_embeddings()(batch.next_tokens.to(device)).to(dtype)
+    t = teacher3(lm.get_output_embeddings(), batch.last.to(device=device, dtype=dtype)[learn], vocab, opts.topk)
     index = torch.full(learn.shape, -1, dtype=torch.long, device=device)
     index[learn] = torch.arange(int(learn.sum()), device=device)
     length = learn.shape[1]
@@ -252,7 +257,7 @@ class Eagle3Objective:
     sequences (:func:`collate3`), uniform noise on the input features of training batches when
     ``noise`` > 0, and :func:`compute_losses3`."""
 
-    plot_keys = ("loss", "cls1")
+    plot_keys: tuple[str, ...] = ("loss", "cls1")
     eval_draws = 1  # validation passes (see loop.Objective)
 
     def __init__(self, target: nn.Module, opts: Eagle3Options, vocab: DraftVocab | None) -> None:
@@ -292,7 +297,7 @@ def train_eagle3(target: nn.Module, seqs: Sequence[CachedSequence], out: Path, o
     acc = loop.accelerator_for(target, accelerator)
     torch.manual_seed(opts.seed)
     target.requires_grad_(False)
-    vocab_size = int(target.config.vocab_size)
+    vocab_size = int(cast("PreTrainedConfig", target.config).vocab_size)
     reduced = 0 < opts.draft_vocab < vocab_size
     vocab = training_vocab(target, list(seqs), opts.draft_vocab) if reduced else None  # as EAGLE-2 heads'
     layers = tuple(opts.feature_layers) or None
@@ -301,8 +306,9 @@ def train_eagle3(target: nn.Module, seqs: Sequence[CachedSequence], out: Path, o
         if not isinstance(head, Eagle3Head):
             raise SelfspecError(f"--init head {opts.init} is an EAGLE-1/2 head; --arch eagle3 continues an EAGLE-3 "
                                 "head")
-        same = (head.draft_vocab is None) == (vocab is None) and (vocab is None or torch.equal(head.draft_vocab.ids,
-                                                                                               vocab.ids))
+        old = head.draft_vocab
+        same = (old is None and vocab is None) or (old is not None and vocab is not None
+                                                   and torch.equal(old.ids, vocab.ids))
         if (layers is not None and head.feature_layers != layers) or not same:
             raise SelfspecError(f"--init head {opts.init} reads layers {list(head.feature_layers)} over "
                                 f"{head.lm_head.out_features} draft tokens; train with the same --feature-layers and "

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -89,7 +90,7 @@ def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: P
     settings = {**settings, "examples": len(examples), "shard_examples": shard_examples, "dtype": str(dtype)}
     if layers is not None:
         settings["layers"] = [int(i) for i in layers]
-    manifest = {"settings": settings, "shards": []}
+    manifest: dict[str, Any] = {"settings": settings, "shards": []}
     if mpath.is_file():
         old = json.loads(mpath.read_text())
         if old["settings"] != settings:
@@ -126,8 +127,8 @@ def extract_features(model: torch.nn.Module, examples: Sequence[Example], out: P
                 t = chunk[b].input_ids
                 ids[r, : t.numel()] = t
                 att[r, : t.numel()] = 1
-            o = model.model(input_ids=ids.to(device), attention_mask=att.to(device),
-                            output_hidden_states=layers is not None)
+            o = cast(torch.nn.Module, model.model)(input_ids=ids.to(device), attention_mask=att.to(device),
+                                                   output_hidden_states=layers is not None)
             h = o.last_hidden_state
             fused = None if layers is None else torch.cat([o.hidden_states[i] for i in layers], dim=-1)
             for r, b in enumerate(batch):

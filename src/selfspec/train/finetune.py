@@ -21,7 +21,7 @@ import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
 import torch
 
@@ -30,6 +30,10 @@ from ..paths import save_safetensors
 from . import loop
 from .conversations import Example
 from .options import TrainingOptions
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -102,16 +106,18 @@ def wrap_lora(model: torch.nn.Module, opts: FinetuneOptions) -> torch.nn.Module:
         raise missing_dependency("peft", "peft", "LoRA fine-tuning (or pass --lora-rank 0)") from e
     targets = opts.lora_targets if opts.lora_targets == "all-linear" else [
         t.strip() for t in opts.lora_targets.split(",") if t.strip()]
-    cfg = LoraConfig(r=opts.lora_rank, lora_alpha=opts.lora_alpha, target_modules=targets, lora_dropout=0.0,
-                     bias="none", task_type="CAUSAL_LM")
+    # peft annotates lora_alpha as int; a float works (it only enters the scale alpha / r)
+    cfg = LoraConfig(r=opts.lora_rank, lora_alpha=opts.lora_alpha,  # type: ignore[arg-type]
+                     target_modules=targets, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
 
 
 # ---------------------------------------------------------------------------------- saving / loading
 
 
-def _base_model(model: torch.nn.Module) -> torch.nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+def _base_model(model: torch.nn.Module) -> PreTrainedModel:
+    base = cast("PeftModel", model).get_base_model() if hasattr(model, "get_base_model") else model
+    return cast("PreTrainedModel", base)
 
 
 def save_adapter(model: torch.nn.Module, new_ids: list[int], out: Path, base_name: str = "") -> None:
@@ -120,15 +126,16 @@ def save_adapter(model: torch.nn.Module, new_ids: list[int], out: Path, base_nam
     from safetensors.torch import load_file
 
     out.mkdir(parents=True, exist_ok=True)
+    peft_model = cast("PeftModel", model)
     if base_name:
-        for cfg in model.peft_config.values():
+        for cfg in peft_model.peft_config.values():
             cfg.base_model_name_or_path = base_name
-    model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
+    peft_model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
     (out / "README.md").unlink(missing_ok=True)  # peft's model-card template
     f = out / "adapter_model.safetensors"
     save_safetensors({k: v.half().contiguous() for k, v in load_file(str(f)).items()}, f)
     base = _base_model(model)
-    rows = {"input": base.get_input_embeddings().weight[new_ids].detach().float().contiguous()}
+    rows = {"input": cast(torch.Tensor, base.get_input_embeddings().weight)[new_ids].detach().float().contiguous()}
     outw = base.get_output_embeddings()
     if outw is not None and outw.weight is not base.get_input_embeddings().weight:
         rows["output"] = outw.weight[new_ids].detach().float().contiguous()
@@ -168,7 +175,7 @@ def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objecti
         model.requires_grad_(False)
         model = wrap_lora(model, opts)
         if new_ids:
-            train_rows_only(_base_model(model).get_input_embeddings().weight, new_ids)
+            train_rows_only(cast(torch.nn.Parameter, _base_model(model).get_input_embeddings().weight), new_ids)
             outw = _base_model(model).get_output_embeddings()
             if outw is not None and outw.weight is not _base_model(model).get_input_embeddings().weight:
                 train_rows_only(outw.weight, new_ids)
@@ -196,7 +203,8 @@ def finetune(model: torch.nn.Module, tokenizer, examples: list[Example], objecti
                 shutil.move(str(p), str(out / p.name))
             (out / "model.part").rmdir()
         else:
-            final_model = trained.merge_and_unload() if opts.lora_rank > 0 else trained
+            final_model = (cast("PeftModel", trained).merge_and_unload() if opts.lora_rank > 0
+                           else cast("PreTrainedModel", trained))
             final_model.save_pretrained(str(out), safe_serialization=True)
             tokenizer.save_pretrained(str(out))
             (out / META_FILE).write_text(json.dumps(info, indent=1) + "\n")

@@ -29,13 +29,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from tqdm import tqdm
 
 from ..errors import SelfspecError
 from .options import LoopOptions
+
+M = TypeVar("M", bound=torch.nn.Module)  # the trained model's type (what ``save`` gets back)
 
 
 class Objective(Protocol):
@@ -191,8 +193,8 @@ def _checkpoint(acc, ckdir: Path, state: dict) -> None:
     acc.wait_for_everyone()
 
 
-def train(model: torch.nn.Module, objective: Objective, items: Sequence, out: Path, opts: LoopOptions,
-          options: dict, param_groups: list[dict], save: Callable[[torch.nn.Module, dict], None],
+def train(model: M, objective: Objective, items: Sequence, out: Path, opts: LoopOptions,
+          options: dict, param_groups: list[dict], save: Callable[[M, dict], None],
           resume: bool = False, progress: bool = True, accelerator=None) -> dict:
     """Train ``model`` on ``items`` with ``objective`` (see the module docstring).
 
@@ -227,7 +229,7 @@ def train(model: torch.nn.Module, objective: Objective, items: Sequence, out: Pa
     model, optim, sched = acc.prepare(model, optim, sched)
     trdir = out / "train"
     ckdir = trdir / "checkpoints"
-    state = {"step": 0, "history": [], "val": [], "options": options}
+    state: dict[str, Any] = {"step": 0, "history": [], "val": [], "options": options}
     check_out(out, resume)  # never start over on top of an earlier run: its checkpoints would be lost
     if resume and (ck := latest_checkpoint(ckdir)) is not None:
         saved = json.loads((ck / "trainer_state.json").read_text())

@@ -3,9 +3,14 @@ targets of a clean sequence, padded batch tensors, and logits at scored position
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 
 from .conversations import Example
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 IGNORE = -100
 
@@ -38,4 +43,4 @@ def scored_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     extra = {} if position_ids is None else {"position_ids": position_ids}
     out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1,
                 **extra)
-    return model.get_output_embeddings()(out.hidden_states[-1][scored]).float()
+    return cast("PreTrainedModel", model).get_output_embeddings()(out.hidden_states[-1][scored]).float()

@@ -12,6 +12,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from tqdm import tqdm
@@ -26,6 +27,9 @@ from .conversations import (
     load_jsonl_conversations,
     load_sharegpt,
 )
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin
 
 log = logging.getLogger(__name__)
 KEEP = "keep:"  # id prefix of conversations whose answers are never regenerated
@@ -77,7 +81,7 @@ def _data_parts(spec: str) -> list[tuple[str, str, int | None]]:
     """``(entry, source name or "file", count)`` of each comma-separated ``--data`` entry, checked:
     a count that is not an integer, a file that does not exist or an unknown name is a one-line
     error (nothing is read)."""
-    parts = []
+    parts: list[tuple[str, str, int | None]] = []
     for part in (s.strip() for s in spec.split(",") if s.strip()):
         name, _, num = part.partition(":")
         if name not in SOURCES:
@@ -158,7 +162,8 @@ def regenerate(model: torch.nn.Module, tokenizer, convs: list[Conversation], max
             texts = [_prompt_text(tokenizer, c.messages[0][1][:2000]) for c in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=384,
                             add_special_tokens=False).to(device)
-            gen = model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+            gen = cast("GenerationMixin", model).generate(**enc, max_new_tokens=max_new, do_sample=False,
+                                                          pad_token_id=tokenizer.pad_token_id)
             for c, row in zip(chunk, gen[:, enc["input_ids"].shape[1] :]):
                 ans = tokenizer.decode(row, skip_special_tokens=True).strip()
                 done[c.id] = ans

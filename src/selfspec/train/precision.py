@@ -15,8 +15,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 BF16_UNITS = ("avx512_bf16", "amx_bf16")  # CPU flags of the units bf16 autocast can pay on
 MIN_HIDDEN = 256  # below this width no product is large enough for the units to pay: not measured
@@ -74,7 +78,8 @@ def time_passes(model: torch.nn.Module, batch_size: int, length: int, timer: Cal
     gradient is made; the global RNG is left as it was (dropout draws on a forked one)."""
     frozen = [(p, p.requires_grad) for p in model.parameters()]
     gen = torch.Generator().manual_seed(0)
-    vocab = model.get_input_embeddings().num_embeddings
+    lm = cast("PreTrainedModel", model)
+    vocab = cast(torch.nn.Embedding, lm.get_input_embeddings()).num_embeddings
     ids = torch.randint(0, vocab, (batch_size, length), generator=gen)
     best = {False: float("inf"), True: float("inf")}
     try:
@@ -85,7 +90,7 @@ def time_passes(model: torch.nn.Module, batch_size: int, length: int, timer: Cal
                 for bf16 in (False, True):
                     t = timer()
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                        embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+                        embeds = lm.get_input_embeddings()(ids).detach().requires_grad_(True)
                         logits = model(inputs_embeds=embeds).logits
                     logits.float().logsumexp(-1).mean().backward()
                     took = timer() - t

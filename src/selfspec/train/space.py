@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ from ..core.mask_groups import mask_groups
 from ..errors import SelfspecError
 from .conversations import Example
 from .objective_common import IGNORE, clean_targets, scored_logits
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 MASK_TOKEN = "<|space_mask|>"
 
@@ -200,7 +204,7 @@ def masked_logits(model: torch.nn.Module, input_ids: torch.Tensor, position_ids:
     """``[S, V]`` fp32 logits at the S positions where ``scored`` (``[B, T]``) is True, from one
     forward with the 4-D visibility ``block`` (``[B, T, T]`` bool) and explicit positions. The
     LM head runs only at scored rows (:func:`~selfspec.train.objective_common.scored_logits`)."""
-    impl = model.config._attn_implementation
+    impl = cast("PreTrainedConfig", model.config)._attn_implementation
     if impl == "eager":
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(block.shape, dtype=dtype, device=block.device).masked_fill(~block, torch.finfo(dtype).min)

@@ -13,6 +13,7 @@ import json
 import random
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -25,6 +26,9 @@ from .features import CachedSequence
 from .hca import HcaModel
 from .losses import LossWeights, pass_losses, teacher
 from .options import TrainingOptions
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ def collate(seqs: list[CachedSequence], dtype: torch.dtype = torch.float32) -> B
     return Batch(feats, nxt, tgt, mask)
 
 
-def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch,
+def compute_losses(model: torch.nn.Module, target: torch.nn.Module, batch: Batch,
                    opts: TrainOptions, draft_lm: torch.nn.Module | None = None,
                    vocab: DraftVocab | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Forward all passes; returns the summed loss and per-pass metrics (``acc1``, ``loss1``, ...).
@@ -118,7 +122,8 @@ def compute_losses(model: HcaModel, target: torch.nn.Module, batch: Batch,
     device = param.device
     feats = batch.features.to(device=device, dtype=param.dtype)
     mask = batch.mask.to(device)
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    lm = cast("PreTrainedModel", target)
+    embed, lm_head = lm.get_input_embeddings(), lm.get_output_embeddings()
     with torch.no_grad():
         tok_emb = embed(batch.next_tokens.to(device)).to(feats.dtype)
     preds = model(feats, tok_emb)
@@ -153,13 +158,13 @@ class HeadObjective:
     cached sequences (:func:`collate`), uniform noise on the input features of training batches
     (drawn from the step's RNG; validation batches stay clean), and :func:`compute_losses`."""
 
-    plot_keys = ("loss", "reg1", "cls1")
+    plot_keys: tuple[str, ...] = ("loss", "reg1", "cls1")
     eval_draws = 1  # validation passes (see loop.Objective)
 
     def __init__(self, target: torch.nn.Module, opts: TrainOptions, vocab: DraftVocab | None = None) -> None:
         self.target, self.opts, self.name = target, opts, opts.objective
         self.vocab = vocab
-        self.draft_lm = None if vocab is None else vocab.head(target.get_output_embeddings())
+        self.draft_lm = None if vocab is None else vocab.head(cast("PreTrainedModel", target).get_output_embeddings())
 
     def options(self) -> dict:
         return asdict(self.opts)
@@ -185,7 +190,7 @@ def evaluate(model: HcaModel, target: torch.nn.Module, seqs: list[CachedSequence
 def training_vocab(target: torch.nn.Module, seqs: list[CachedSequence], size: int) -> DraftVocab:
     """The ``size`` most frequent learned tokens of ``seqs`` (the target's own answers where the
     data was self-distilled), then lower ids, plus the model's EOS ids."""
-    vocab = int(target.config.vocab_size)
+    vocab = int(cast("PreTrainedConfig", target.config).vocab_size)
     counts = torch.zeros(vocab, dtype=torch.long)
     for s in seqs:
         ids = s.input_ids[s.loss_mask.bool()]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -34,6 +35,9 @@ from ..drafters.skip_draft import draft_forward
 from ..drafters.vocab import DraftLMHead
 from ..models.loading import Runner
 from ..models.skipping import SkipSet, decoder_layers, skipped
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedConfig, StaticCache
 
 DraftParts = tuple[DraftLMHead | None, Runner | None]  # drafters.self_spec.draft_parts
 
@@ -49,7 +53,7 @@ def measure_draft_cost(model: torch.nn.Module, context: int = 128, reps: int = 7
     device = next(model.parameters()).device
     cache = kv_cache.new_cache(model.config)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (context,), generator=gen).tolist()
+    ids = torch.randint(0, cast("PreTrainedConfig", model.config).vocab_size, (context,), generator=gen).tolist()
     model(input_ids=torch.tensor([ids], device=device), **kv_cache.cache_arg(model, cache), use_cache=True,
           logits_to_keep=1)
     sets = {"full": SkipSet(), "no_attention": SkipSet.of(range(n), ()), "no_mlp": SkipSet.of((), range(n)),
@@ -82,7 +86,7 @@ class SpeedObjective:
 
         self.target, self.prompts, self.new_tokens = target, prompts, new_tokens
         self.draft_exit, self.gamma = draft_exit, gamma
-        self.draft = {"draft_vocab": draft_vocab, "draft_kernels": draft_kernels}
+        self.draft: dict[str, Any] = {"draft_vocab": draft_vocab, "draft_kernels": draft_kernels}
         self._load = load
         self.ar_tps = self._decode_tps(load(target, "ar", self_test=False))
 
@@ -106,7 +110,7 @@ class SpeedObjective:
 class _Continuation:
     prompt_len: int  # committed rows of the cache before the continuation
     tokens: list[int]  # y_0 (pending after the prompt) .. y_n, the full model's greedy tokens
-    cache: object
+    cache: DynamicCache | StaticCache
 
 
 def simulate(flags: list[bool], confidences: list[float], rule: DraftRule, draft_ratio: float,

@@ -11,6 +11,7 @@ import datetime
 import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from ..core.machine import machine_id
 from ..drafters.self_spec import DRAFT_EXITS, draft_parts
@@ -22,6 +23,9 @@ from ..models.skipping import SkipSet, decoder_layers
 from ..paths import check_output_dir, check_output_file, model_key, selfspec_home
 from .objectives import ProxyObjective, SpeedObjective, measure_draft_cost
 from .search import SearchResult, search
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 OBJECTIVES = ("speed", "proxy")
 
@@ -98,7 +102,8 @@ def calibration_prompts(target: Runner, opts: TuneOptions) -> tuple[list[str], l
         if not rows:
             raise SelfspecError(f"no calibration prompt has category '{opts.category}' in {path}")
     rows = rows[: opts.num_prompts]
-    return [r.id for r in rows], [encode_prompt(target.tokenizer, r.text, r.chat, target.model.config.vocab_size)
+    return [r.id for r in rows], [encode_prompt(target.tokenizer, r.text, r.chat,
+                                                cast("PreTrainedConfig", target.model.config).vocab_size)
                                   for r in rows]
 
 
@@ -116,12 +121,15 @@ def tune_self_spec(target: Runner, opts: TuneOptions, progress: bool = True) -> 
                 "draft_kernels": opts.draft_kernels}
     state = Path(opts.state_dir) if opts.state_dir else (
         selfspec_home() / "tune" / f"{model_key(target.name)}-{opts.objective}-{backend}")
+    objective: SpeedObjective | ProxyObjective
+    extra: dict[str, object]
     if opts.objective == "speed":
         objective = SpeedObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma, opts.draft_vocab,
                                    opts.draft_kernels)
         extra = {"ar_tokens_per_s": objective.ar_tps}
     else:
         profile = target.cost_profile()
+        assert profile is not None  # None only when asked not to measure
         parts = draft_parts(target, opts.draft_vocab, opts.draft_kernels)
         cost = measure_draft_cost(target.model, parts=parts)
         objective = ProxyObjective(target, prompts, opts.new_tokens, opts.draft_exit, opts.gamma, profile, cost,
