@@ -3,8 +3,9 @@
 Records (token ids and per-step figures) are most of a run's bytes and compress about 12x; every
 reader (``selfspec.bench.records.read_records``: the reports, plots, README tables and experiments)
 reads either form, and ``selfspec bench --resume`` continues a packed run. A run is a directory with
-``meta.json`` and ``records.jsonl`` (``selfspec bench --out``); other records (an experiment's own
-format) are left alone.
+``records.jsonl`` and a ``meta.json`` holding the run's ``generation`` settings (what ``selfspec bench
+--out`` writes); other records (an experiment's own format, even beside a hand-written ``meta.json``)
+are left alone.
 
     python scripts/pack_results.py docs/results/NEW_RUN      # after adding a run; or docs/results: all
 """
@@ -12,16 +13,26 @@ format) are left alone.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from selfspec.bench.records import RECORDS, pack
 
 
+def is_bench_run(run: Path) -> bool:
+    """Whether ``run`` was written by ``selfspec bench --out``: its ``meta.json`` holds ``generation``
+    (a hand-written ``meta.json``, which says how an experiment's files were made, does not)."""
+    try:
+        meta = json.loads((run / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "generation" in meta
+
+
 def bench_runs(root: Path) -> list[Path]:
     """Every benchmark run directory at or under ``root`` whose records are not packed yet."""
-    return sorted(p.parent for p in [root / RECORDS, *root.rglob(RECORDS)]
-                  if p.is_file() and (p.parent / "meta.json").is_file())
+    return sorted(p.parent for p in [root / RECORDS, *root.rglob(RECORDS)] if p.is_file() and is_bench_run(p.parent))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
 from selfspec.registry import METHODS
 
-from .conftest import SAVED_ROUTE_ONLY, prompt_ids
+from .conftest import COMPILED_OFFERED, SAVED_ROUTE_ONLY, prompt_ids
 
 
 class FakeClock:
@@ -387,6 +387,7 @@ def spy_on_choose(monkeypatch) -> list[list[str]]:
     return seen
 
 
+@COMPILED_OFFERED
 @SAVED_ROUTE_ONLY
 def test_auto_leaves_out_a_compiled_candidate_whose_draft_step_is_not_saved(tiny_dir, tmp_path, monkeypatch,
                                                                             int8_draft_config):
@@ -477,6 +478,7 @@ def test_a_new_compiled_step_code_invalidates_a_choice_among_compiled_candidates
     assert cache_key(tiny, eager) == before[1]
 
 
+@COMPILED_OFFERED
 @SAVED_ROUTE_ONLY
 def test_auto_times_the_compiled_backend_only_for_methods_whose_steps_are_saved(tiny_dir, tmp_path, monkeypatch):
     """auto compiles nothing: with no step saved here it leaves the compiled backend out; where

@@ -6,7 +6,7 @@ import pytest
 
 from selfspec.cli import main
 
-from .conftest import VOCAB
+from .conftest import COMPILED_OFFERED, VOCAB
 
 
 def run(capsys, *argv):
@@ -495,6 +495,7 @@ def test_notes_are_printed_once_and_logging_is_restored(tiny_dir, capsys):
     assert (logger.level, logger.propagate, list(logger.handlers)) == before
 
 
+@COMPILED_OFFERED
 def test_compile_list_runs_no_step_and_lists_every_block_each_method_verifies(capsys, tiny_dir, monkeypatch):
     """``selfspec compile --list`` runs nothing through the compiled step (building msn's drafter on
     the compiled backend timed its cost profile through the step, compiling 8 block sizes in 5
@@ -510,6 +511,7 @@ def test_compile_list_runs_no_step_and_lists_every_block_each_method_verifies(ca
     assert shapes == [f"{b}x512" for b in (1, 2, 4, 8, 16, 32, 64, 128)], out
 
 
+@COMPILED_OFFERED
 def test_compile_list_lists_self_specs_missing_draft_step(capsys, tiny_dir, tmp_path, monkeypatch, int8_draft_config):
     """``selfspec compile --list`` names self-spec's int8 draft step while it is not saved (it was
     blind to it: a method whose verify steps were saved counted as ready, and auto then compiled the

@@ -4,6 +4,7 @@ wheels must fit beside it (issue 31). Result runs keep packed records, not every
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 48 * 10**6  # bytes of tracked files
 ARTEFACT_LIMIT = 10 * 10**6
+
+
+def is_bench_run(run: Path) -> bool:
+    """``run`` was written by ``selfspec bench --out`` (as ``scripts/pack_results.py`` decides)."""
+    try:
+        meta = json.loads((run / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "generation" in meta
 
 
 def tracked() -> list[Path]:
@@ -37,8 +47,10 @@ def test_no_tracked_file_over_10_mb():
 
 def test_result_runs_keep_packed_records():
     """Records are most of a benchmark run's bytes and compress about 12x: a run kept under
-    docs/results has ``records.jsonl.gz`` (``scripts/pack_results.py``), which every reader reads."""
+    docs/results has ``records.jsonl.gz`` (``scripts/pack_results.py``), which every reader reads. A run
+    is what ``selfspec bench --out`` writes: its ``meta.json`` holds ``generation``; an experiment's own
+    records beside a hand-written ``meta.json`` are not one."""
     plain = [p for p in tracked() if p.name == "records.jsonl" and p.relative_to(ROOT).parts[0] == "docs"
-             and (p.parent / "meta.json").is_file()]
+             and is_bench_run(p.parent)]
     assert not plain, (f"unpacked benchmark records: {[str(p.relative_to(ROOT)) for p in plain][:5]}; run "
                        "`python scripts/pack_results.py docs/results` and commit the .gz files")

@@ -6,6 +6,8 @@ import pytest
 
 from selfspec.cli import main
 
+from ..conftest import COMPILED_OFFERED
+
 
 @pytest.fixture
 def dataset(tmp_path):
@@ -169,6 +171,7 @@ def test_contended_runs_are_recorded_and_flagged(tiny_dir, dataset, tmp_path, mo
     assert len(busy) == 1 and busy[0].endswith("try --threads 1 (now 2)")  # the advice that helps
 
 
+@COMPILED_OFFERED
 def test_compiled_steps_are_warmed_up_for_every_cache_size_the_prompts_need(tiny_dir, tmp_path, monkeypatch):
     """A short and a long prompt need 512- and 1024-position static caches: both are compiled
     before timing (not only the longest prompt's), so no timed run pays a compile. The step runs

@@ -23,7 +23,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
 from selfspec.tune.objectives import simulate
 
-from ..conftest import prompt_ids
+from ..conftest import COMPILED_OFFERED, prompt_ids
 from ..decoding.wrapped import Wrapped
 
 
@@ -177,6 +177,7 @@ def test_whole_model_int8_draft_runs_through_its_own_step_on_the_compiled_backen
         assert other.drafter.draft_step is None
 
 
+@COMPILED_OFFERED
 def test_the_draft_steps_file_is_named_without_building_it(tiny_dir, tmp_path, monkeypatch):
     """Whether self-spec's int8 draft step is saved is told without quantising the model (seconds on
     SmolLM2, which ``auto`` would pay at every load): the file named from the classes the int8 draft

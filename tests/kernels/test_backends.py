@@ -16,6 +16,8 @@ from selfspec.kernels.auto import candidates
 from selfspec.kernels.onednn import available as onednn_available
 from selfspec.models.loading import load_model
 
+from ..conftest import COMPILED_OFFERED
+
 
 @torch.inference_mode()
 def test_onednn_is_the_same_model_up_to_rounding(tiny_dir):
@@ -130,6 +132,7 @@ def test_building_a_runner_leaves_the_others_as_they_are(tiny_dir):
     assert {p.data_ptr() for p in o.model.parameters()} <= shared  # no copy of the weights as parameters
 
 
+@COMPILED_OFFERED
 @torch.inference_mode()
 def test_compiled_runs_the_onednn_layers_where_onednn_runs(tiny_dir):
     """On the CPU in fp32 the compiled backend's layers are oneDNN's prepacked ones (faster inside
@@ -171,6 +174,7 @@ def test_traced_onednn_layer_calls_the_same_kernel():
     assert torch.allclose(eager, x @ layer.original.weight.T + layer.original.bias, atol=1e-5)
 
 
+@COMPILED_OFFERED
 @torch.inference_mode()
 def test_siblings_share_one_product_in_the_compiled_step(tiny_qwen_dir):
     """Members of a sibling group (with biases: Qwen2's q/k/v) give the separate layers' values
@@ -212,6 +216,7 @@ def test_keep_only_frees_the_runners_not_chosen(tiny_dir):
     assert t.runner("onednn").model is not None and set(t.base.built()) == {"compiled", "onednn"}  # built anew
 
 
+@COMPILED_OFFERED
 def test_no_room_for_the_few_row_layout_is_said_once_per_runner(tiny_dir, monkeypatch, caplog):
     """Where free memory cannot hold the few-row copy, the compiled backend keeps oneDNN and says so
     when its runner is built, once: asking for the runner again builds nothing."""

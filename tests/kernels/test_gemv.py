@@ -10,6 +10,8 @@ from selfspec.kernels.onednn import OneDNNLinear, SharedProductLinear, add_block
 from selfspec.kernels.swap import linear_layers
 from selfspec.models.loading import load_model
 
+from ..conftest import COMPILED_OFFERED
+
 
 def test_blocked_layout_interleaves_one_vector_of_output_rows():
     b = gemv.BLOCK
@@ -163,6 +165,7 @@ def test_the_products_loop_reads_whole_vectors_of_the_layout():
     assert "sum_masked_reduce" in code(gemv.BLOCK // 2)
 
 
+@COMPILED_OFFERED
 @torch.inference_mode()
 def test_compiled_backend_adds_the_layout_within_its_memory_budget(tiny_dir):
     t = load_model(str(tiny_dir), kernels="compiled")

@@ -21,7 +21,7 @@ from selfspec.models.adapter import forward_block
 from selfspec.models.compiled_step import StaticStep, bucket, capacity_for, padded_mask
 from selfspec.models.loading import load_model
 
-from ..conftest import SAVED_ROUTE_ONLY, VOCAB, prompt_ids, save_tiny, tiny_model
+from ..conftest import COMPILED_OFFERED, SAVED_ROUTE_ONLY, VOCAB, prompt_ids, save_tiny, tiny_model
 
 TREE = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16, 17]), torch.tensor([-1, 0, 0, 1, 2, 2, 5]))
 
@@ -163,6 +163,7 @@ def ar_ids(compiled):
     return [g.generate(p, max_new_tokens=MAX_NEW, chat=False).token_ids for p in PROMPTS]
 
 
+@COMPILED_OFFERED
 def test_ar_on_compiled_matches_generate(compiled, ar_ids):
     for p, ids in zip(PROMPTS, ar_ids):
         out = compiled.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
@@ -172,6 +173,7 @@ def test_ar_on_compiled_matches_generate(compiled, ar_ids):
 
 
 # chains (8-token blocks) here; trees (16-token blocks: another compile) in the matrix tier
+@COMPILED_OFFERED
 @pytest.mark.parametrize("tree", [False, pytest.param(True, marks=pytest.mark.matrix)], ids=["chain", "tree"])
 @pytest.mark.parametrize("j", [0, 2, K])
 def test_drafts_right_for_exactly_j_on_compiled(compiled, ar_ids, j, tree):
@@ -185,6 +187,7 @@ def test_drafts_right_for_exactly_j_on_compiled(compiled, ar_ids, j, tree):
             assert all(c == j + 1 for c in r.committed_per_step[1:-1]), r.committed_per_step
 
 
+@COMPILED_OFFERED
 @torch.inference_mode()
 def test_steps_read_only_the_written_cache_positions(compiled, monkeypatch):
     """On the compiled backend a step attends over the positions written so far, not the whole
@@ -210,6 +213,7 @@ def test_steps_read_only_the_written_cache_positions(compiled, monkeypatch):
     assert torch.isnan(run(True)).any()
 
 
+@COMPILED_OFFERED
 @SAVED_ROUTE_ONLY
 def test_decoding_after_the_load_time_compile_compiles_nothing(tmp_path):
     """The one-token step compiled at load is the graph decoding runs: the warm-up runs under
@@ -259,6 +263,7 @@ def test_a_second_process_loads_the_saved_step_without_tracing(compiled, ar_ids,
     assert saved[0].stat().st_size > 1000  # compiled again and replaced
 
 
+@COMPILED_OFFERED
 def test_a_model_of_the_same_architecture_loads_the_saved_steps(compiled, ar_ids, tmp_path, monkeypatch):
     """A saved step takes the weights as inputs, so another model of the same architecture (a
     fine-tune, a copy in another directory) loads the steps saved for the first instead of compiling
@@ -372,6 +377,7 @@ def test_saved_steps_are_kept_per_torch_install(tiny_dir, tmp_path, monkeypatch)
     assert aot_step.artifact_path(str(tmp_path), t.model, (1, 512, False)) != here
 
 
+@COMPILED_OFFERED
 @torch.inference_mode()
 def test_saved_steps_are_named_by_whether_they_use_the_layout(tiny_dir, tmp_path):
     from selfspec.kernels.swap import linear_layers
@@ -388,6 +394,7 @@ def no_compiling(*args, **kwargs):
     raise AssertionError("compiled a step that should have been loaded")
 
 
+@COMPILED_OFFERED
 def test_requests_reuse_static_caches_and_interleaved_ones_hold_their_own(compiled, ar_ids):
     """A finished request's static cache serves the next one (fixed addresses: CUDA graphs captured
     on it replay); two requests in flight together hold two caches and both give ``ar``'s ids."""
@@ -407,6 +414,7 @@ def test_requests_reuse_static_caches_and_interleaved_ones_hold_their_own(compil
     assert g.generate(PROMPTS[0], max_new_tokens=MAX_NEW, chat=False).token_ids == ar_ids[0]
 
 
+@COMPILED_OFFERED
 def test_load_time_self_test_passes_on_the_compiled_backend(tiny_dir):
     """The backend's attention (KV heads shared over the static cache) also serves the eager
     forwards on growing caches (the tree self-test, cost profiles), causal when given no mask."""
@@ -417,6 +425,7 @@ def test_load_time_self_test_passes_on_the_compiled_backend(tiny_dir):
     assert tree_self_test(t.model) < 1e-4
 
 
+@COMPILED_OFFERED
 def test_auto_method_on_compiled_kernels_without_saved_steps_is_refused(tiny_dir):
     """auto never compiles while it chooses: with no step saved, it says what to run instead."""
     with pytest.raises(SelfspecError, match="selfspec compile.*name a method"):

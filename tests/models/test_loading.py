@@ -14,7 +14,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models import bundled
 from selfspec.models.loading import load_model, resolve_path
 
-from ..conftest import make_tokenizer, save_tiny
+from ..conftest import COMPILED_OFFERED, make_tokenizer, save_tiny
 
 
 def test_local_dir_loads_and_generates(tiny_dir):
@@ -333,6 +333,7 @@ def test_two_first_runs_convert_the_model_once(tmp_path, monkeypatch, tiny_dir, 
     assert "waiting for it" in caplog.text
 
 
+@COMPILED_OFFERED
 def test_a_compiled_steps_profile_is_keyed_on_the_steps_code(tiny_dir, monkeypatch):
     """On the compiled backend the profile's key names the step's code version: a new layout (16
     lanes on AVX-512 made the one-token step 4x faster there) has its profile measured anew instead
