@@ -44,6 +44,9 @@ def test_the_server_under_concurrent_clients(chat_dir, tmp_path, capsys):
     report = (tmp_path / "concurrency.md").read_text()
     assert f"`generate(do_sample=False)`: {len(PROMPTS)}/{len(PROMPTS)}" in report
     assert (tmp_path / "concurrency.png").stat().st_size > 0 and report in capsys.readouterr().out
+    meta = json.loads((tmp_path / "meta.json").read_text())  # how it was made, as every result directory says
+    assert meta["command"][0] == "selfspec" and meta["date"] and meta["cpu_flags"] and meta["commit"]
+    assert meta["levels"] == [1, 3] and meta["peers"] == ["transformers"]
 
 
 def test_a_vllm_that_cannot_start_is_a_failure_not_a_figure(chat_dir, tmp_path):

@@ -187,6 +187,7 @@ def run_concurrency(opts: ConcurrencyOptions, load: Callable[[], SpeculativeGene
         raise SelfspecError("--peers vllm needs the Python of vLLM's own venv: --vllm-python PATH or "
                             f"${VLLM_PYTHON_ENV} (docs/serving.md says how to install it)")
     opts.out.mkdir(parents=True, exist_ok=True)
+    write_meta(opts)
     g = load()
     config: Any = g.target.model.config  # a transformers config (nn.Module's attributes type as Tensor | Module)
     vocab = config.vocab_size
@@ -272,6 +273,21 @@ def _serve_levels(opts: ConcurrencyOptions, solo_text: list[str], record: Callab
         record({"contender": "selfspec serve", "concurrency": None, "tok_s": None, "failed": [str(e)]})
     finally:
         server.stop()
+
+
+def write_meta(opts: ConcurrencyOptions) -> None:
+    """``meta.json`` in ``--out``: how the run was made (command, date, commit, CPU flags, versions),
+    as every result directory has."""
+    import datetime
+    import sys
+
+    from ..bench.runner import environment
+
+    env = environment()
+    meta = {"command": ["selfspec", *sys.argv[1:]], "date": datetime.date.today().isoformat(), "commit": env["git"],
+            "cpu_flags": env["cpu_flags"], "levels": list(opts.levels), "peers": list(opts.peers),
+            "prompts": len(opts.prompts), "max_new_tokens": opts.max_new_tokens, "environment": env}
+    (opts.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 def _vllm_levels(opts: ConcurrencyOptions, vllm_python: str, model_dir: str | None, solo_text: list[str],
