@@ -38,8 +38,7 @@ class GenerationResult:
     """What one request produced (the JSON of ``selfspec generate --json``).
 
     ``steps`` counts target forwards that produced tokens (the prompt forward included), so
-    ``mean_accepted`` (tau) = ``new_tokens / steps`` is 1.0 for ``ar``.
-    """
+    ``mean_accepted`` (tau) = ``new_tokens / steps`` is 1.0 for ``ar``."""
 
     text: str
     token_ids: list[int]
