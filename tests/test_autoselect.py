@@ -14,7 +14,7 @@ import pytest
 
 import selfspec
 from selfspec import autoselect
-from selfspec.autoselect import Candidate, Choice
+from selfspec.autoselect import Candidate, Choice, calibration
 from selfspec.drafters.spec import ALWAYS, AutoCandidacy, AutoContext, MethodSpec
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
@@ -146,6 +146,72 @@ def test_a_budget_cuts_later_rounds_to_what_fits():
     assert gens2["ar@stock"].prompts == ["a", "a", "b"]  # timed: the reference ids of prompt b
     assert list(cal2.finalists()) == ["ar@stock", "pld@stock", "msn@stock"]
     assert autoselect.select(cal2.finalists(), cal2.identical) == "pld@stock"
+
+
+def test_a_busy_machine_stops_round_0_at_its_share_of_the_budget():
+    """Busy (other processes took our CPUs), round 0 times no further configuration once
+    BUSY_CUT of the budget is spent, and no later round runs: the calibration stays near its
+    budget. Quiet, the same calibration times every configuration (the busy probe only ever stops
+    round 0 early). Each candidate here costs 4 fake seconds (4 warm-up + 40 tokens at 11 tok/s)."""
+    def run(busy: bool):
+        clock = FakeClock()
+        gens = {label: FakeGen(clock, 11) for label in ("ar@stock", "ar@onednn", "pld@stock", "msn@stock",
+                                                          "jacobi@stock", "pld@onednn")}
+        make, _ = fakes(clock, gens)
+        cal = autoselect.measure(make, [cand(label) for label in gens], PROMPTS, reference="ar", max_new_tokens=40,
+                                 budget_s=40.0, clock=clock, prune_tokens=None, busy=lambda: busy)
+        return cal, gens, clock.t
+
+    cal, gens, spent = run(busy=True)
+    assert cal.untimed == ["msn@stock", "jacobi@stock", "pld@onednn"]  # 12 s spent > BUSY_CUT of 40 s
+    assert list(cal.speeds) == ["ar@stock", "ar@onednn", "pld@stock"]
+    assert all(g.prompts == ["a", "a"] for g in list(gens.values())[:3])  # warm-up + round 0, no later round
+    assert spent <= autoselect.BUSY_CUT * 40.0 + 4 * 1.01
+    quiet, quiet_gens, _ = run(busy=False)
+    assert not quiet.untimed and set(quiet.speeds) == set(quiet_gens) and max(quiet.reached.values()) >= 1
+
+
+def test_a_busy_calibration_keeps_plain_decoding_and_is_redone_when_quiet(tiny, monkeypatch):
+    """Where a busy machine stopped round 0 early, auto keeps the fastest plain (reference)
+    configuration it timed rather than choose on short runs, says so, caches it as busy, and a quiet
+    start measures every configuration again."""
+    clock = FakeClock()
+    speeds = {"ar@stock": 10, "pld@stock": 20, "self-spec@stock:int8": 30, "pld@onednn": 15}
+    make, _ = fakes(clock, {label: FakeGen(clock, s) for label, s in speeds.items()})
+    cands = [cand(label) for label in speeds]
+
+    class BusyMonitor(FakeMonitor):
+        def others_so_far(self):
+            return 0.9 if self.contended else 0.0
+
+    def choose(busy: bool, busy_now: bool):
+        return autoselect.choose(tiny, make, cands, "ar", prompts=PROMPTS, clock=clock,
+                                 monitor=lambda: BusyMonitor(busy), busy_now=lambda: busy_now)
+
+    monkeypatch.setattr(calibration, "BUSY_CUT", 0.0)  # every fake second is past the cut
+    busy = choose(busy=True, busy_now=True)
+    monkeypatch.undo()
+    assert busy.candidate == cand("ar@stock") and busy.busy and not busy.cached
+    assert choose(busy=False, busy_now=True).cached  # still busy: the busy choice stands
+    quiet = choose(busy=False, busy_now=False)  # quiet now: measured again, every configuration
+    assert quiet.candidate == cand("self-spec@stock:int8") and not quiet.cached and not quiet.busy
+
+
+def test_machine_busy_reads_other_processes_share_not_the_load_average():
+    """``machine_busy`` watches the CPUs for a moment (sleep and readings injected): a high load
+    average left by a finished busy spell is not busy; other processes taking our CPUs now is."""
+    from selfspec.core.machine import LoadMonitor
+
+    def monitor(share: float, load: float):
+        ticks = iter([0.0, 1.0])
+
+        def sample(cpus, helpers):
+            t = next(ticks)
+            return t, 0.0, (share * t * 256, 0.0), load  # 256 CPUs' worth: the share saturates at 1
+        return lambda: LoadMonitor(sampler=sample)
+
+    assert autoselect.machine_busy(sample_s=1.0, sleep=lambda s: None, monitor=monitor(0.0, 9.0)) is False
+    assert autoselect.machine_busy(sample_s=1.0, sleep=lambda s: None, monitor=monitor(0.8, 0.1)) is True
 
 
 def test_round_0_prunes_on_fewer_tokens_and_the_budget_projects_full_ones():
@@ -302,6 +368,7 @@ class FakeMonitor:
 
     def __init__(self, busy: bool) -> None:
         self.contended = busy
+        self.others_share, self.wall = None, 0.0  # unknown: the load average's verdict (contended) stands
 
     def start(self):
         return self
@@ -311,6 +378,9 @@ class FakeMonitor:
 
     def summary(self) -> dict:
         return {"contended": self.contended}
+
+    def others_so_far(self) -> float | None:
+        return None  # unknown: round 0 is never cut
 
 
 def chooser(tiny, clock: FakeClock, counts: list[int]):

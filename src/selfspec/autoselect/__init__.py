@@ -25,6 +25,7 @@ from __future__ import annotations
 from .calibration import (
     AUTO_PREFIX,
     BUDGET_S,
+    BUSY_CUT,
     CACHE_FORMAT,
     CALIBRATION_PROMPTS,
     CALIBRATION_TOKENS,
@@ -46,7 +47,7 @@ from .calibration import (
 )
 from .choice import cache_key, cache_path, choose, machine_busy, read_cache
 
-__all__ = ["AUTO_PREFIX", "BUDGET_S", "CACHE_FORMAT", "CALIBRATION_PROMPTS", "CALIBRATION_TOKENS", "PRUNE_TOKENS",
-           "ROUNDS", "WARMUP_TOKENS", "Calibration", "Candidate", "Choice", "Decoder", "auto_label", "cache_key",
-           "cache_path", "calibration_prompts", "candidates", "choose", "config_label", "fit_round", "machine_busy",
-           "measure", "read_cache", "select", "usable_precisions"]
+__all__ = ["AUTO_PREFIX", "BUDGET_S", "BUSY_CUT", "CACHE_FORMAT", "CALIBRATION_PROMPTS", "CALIBRATION_TOKENS",
+           "PRUNE_TOKENS", "ROUNDS", "WARMUP_TOKENS", "Calibration", "Candidate", "Choice", "Decoder", "auto_label",
+           "cache_key", "cache_path", "calibration_prompts", "candidates", "choose", "config_label", "fit_round",
+           "machine_busy", "measure", "read_cache", "select", "usable_precisions"]

@@ -27,8 +27,11 @@ WARMUP_TOKENS = 4
 ROUNDS: tuple[tuple[int, int | None], ...] = ((1, None), (2, 4), (1, 2))
 # Seconds a calibration may take: later rounds shrink (fewer prompts, then two finalists) or are
 # skipped to fit, by what round 0 measured; round 0 itself is every candidate once, whatever it
-# costs, and the two fastest always decode one more prompt (a one-prompt choice is noise).
+# costs on a quiet machine (on a busy one it stops at BUSY_CUT of the budget), and the two fastest
+# always decode one more prompt (a one-prompt choice is noise).
 BUDGET_S = 60.0
+BUSY_CUT = 0.25
+"""On a busy machine, round 0 times no further configuration once this share of the budget is spent."""
 CACHE_FORMAT = "selfspec-auto/3"  # 3: the fastest reference is always a finalist
 
 
@@ -87,12 +90,15 @@ class Calibration:
         reached: the last round (index into :data:`ROUNDS`) the candidate decoded in.
         identical: False where its ids differed from the reference's on the same kernels.
         errors: why a candidate could not be built or run (left out).
+        untimed: candidates not timed because the machine was busy and the budget spent (round 0
+            stopped early; no later round ran).
     """
 
     speeds: dict[str, float] = field(default_factory=dict)
     reached: dict[str, int] = field(default_factory=dict)
     identical: dict[str, bool] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    untimed: list[str] = field(default_factory=list)
 
     def finalists(self) -> dict[str, float]:
         """Tokens/s of the candidates that decoded in the last round reached, in candidate order."""
@@ -200,7 +206,8 @@ def select(table: dict[str, float], identical: dict[str, bool] | None = None) ->
 def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], prompts: Sequence[str],
             reference: str | None = None, max_new_tokens: int = CALIBRATION_TOKENS,
             rounds: Sequence[tuple[int, int | None]] = ROUNDS, budget_s: float | None = BUDGET_S,
-            clock: Callable[[], float] = time.perf_counter, prune_tokens: int | None = PRUNE_TOKENS) -> Calibration:
+            clock: Callable[[], float] = time.perf_counter, prune_tokens: int | None = PRUNE_TOKENS,
+            busy: Callable[[], bool] | None = None) -> Calibration:
     """Calibrate ``cands`` greedily on ``prompts`` by successive halving over ``rounds``.
 
     ``make(candidate)`` builds a generator on the already loaded model (on its backend's runner,
@@ -216,7 +223,12 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
     every candidate decodes once and which only prunes, decodes ``prune_tokens`` (None:
     ``max_new_tokens``); the later rounds ``max_new_tokens``. Every
     candidate that reaches a round has decoded the same prompts at the same lengths as the others
-    there, so speeds compare alike. ``clock`` times the runs (injected in tests)."""
+    there, so speeds compare alike. ``clock`` times the runs (injected in tests).
+
+    ``busy()`` says whether other processes took our CPUs so far: once round 0 has spent
+    :data:`BUSY_CUT` of the budget on a busy machine, the candidates not yet timed are left untimed
+    (:attr:`Calibration.untimed`) and no later round runs, so a busy machine's calibration stays near
+    its budget (the caller keeps plain decoding and measures again on a quiet start)."""
     by_label = {c.label: c for c in cands}
     started = clock()
     cal = Calibration()
@@ -271,6 +283,10 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
         start += n_prompts
         if r_index == 0:  # every candidate: built, warmed up, then decodes the pruning prompts
             for label, c in by_label.items():
+                if (cal.untimed or (gens and budget_s is not None and busy is not None
+                                    and clock() - started > BUSY_CUT * budget_s and busy())):
+                    cal.untimed.append(label)
+                    continue
                 try:
                     gens[label] = make(c)
                     gens[label].generate(prompts[0], max_new_tokens=WARMUP_TOKENS)  # one-off costs are not speed
@@ -282,6 +298,11 @@ def measure(make: Callable[[Candidate], Decoder], cands: Sequence[Candidate], pr
                 cal.reached[label] = 0
                 log.info("auto: %s %.1f tok/s", label, speed(label))
             alive = [label for label in by_label if ok(label)]
+            if cal.untimed:
+                log.info("auto: the machine is busy and %.0f s of the %.0f s budget are spent: %d of %d configurations "
+                         "not timed (%s)", clock() - started, budget_s, len(cal.untimed), len(by_label),
+                         ", ".join(cal.untimed))
+                break
             continue
         if len(alive) <= 1 or not idx:
             break

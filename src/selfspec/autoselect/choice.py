@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..core import store
-from ..core.machine import LoadMonitor
+from ..core.machine import CONTENDED_OTHERS_SHARE, MIN_STAT_WALL_S, LoadMonitor
 from ..errors import SelfspecError
 from ..models.loading import Runner
 from .calibration import (
@@ -117,9 +117,29 @@ def read_cache(key: str, cands: Sequence[Candidate]) -> Choice | None:
     return Choice(by_label[rec.choice], rec.table, rec.pruned, cached=True, busy=rec.busy)
 
 
-def machine_busy() -> bool:
-    """Whether other processes keep this machine busy right now (by the load average)."""
-    return LoadMonitor().start().stop().contended
+BUSY_SAMPLE_S = 0.5
+"""How long :func:`machine_busy` watches the CPUs."""
+
+
+def machine_busy(sample_s: float = BUSY_SAMPLE_S, sleep: Callable[[float], None] = time.sleep,
+                 monitor: Callable[[], LoadMonitor] = LoadMonitor) -> bool:
+    """Whether other processes keep this machine busy right now: their share of our CPUs over
+    ``sample_s`` seconds (this process idle meanwhile). Not the load average, which lags a busy
+    spell by minutes: a quiet start just after one read as busy and kept the busy choice. Where
+    the CPUs' times cannot be read, the load average decides. ``sleep`` and ``monitor`` are injected
+    in tests."""
+    mon = monitor().start()
+    sleep(sample_s)
+    return others_busy(mon.stop())
+
+
+def others_busy(mon: LoadMonitor) -> bool:
+    """Whether other processes took more than :data:`CONTENDED_OTHERS_SHARE` of our CPUs while
+    ``mon`` watched; where their share is unknown (too short a watch, no CPU times), whether the run
+    was contended by the load average."""
+    if mon.others_share is None or mon.wall < MIN_STAT_WALL_S:
+        return mon.contended
+    return mon.others_share > CONTENDED_OTHERS_SHARE
 
 
 def _nothing_ran(errors: dict[str, str]) -> str:
@@ -179,13 +199,24 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
              len(prompts), target.name)
     t0 = clock()
     mon = monitor().start()
-    cal = calibrate(make, cands, prompts, reference, clock=clock)
+
+    def busy_so_far() -> bool:
+        share = mon.others_so_far()
+        return share is not None and share > CONTENDED_OTHERS_SHARE
+
+    cal = calibrate(make, cands, prompts, reference, clock=clock, busy=busy_so_far)
     mon.stop()
     table = cal.finalists()
     label = select(table, cal.identical)
+    if cal.untimed:  # a busy machine spent the budget: plain decoding, the fastest reference timed
+        plain = {lab: s for lab, s in table.items() if next(c for c in cands if c.label == lab).method == reference}
+        label = select(plain, cal.identical) or label
+        log.info("auto: the machine is busy: kept plain decoding (%s) rather than choose on %d short runs; a quiet "
+                 "start measures every configuration again", label, len(table))
     if label is None:
         raise SelfspecError(_nothing_ran(cal.errors))
-    choice = Choice(next(c for c in cands if c.label == label), table, cal.pruned(), busy=mon.contended)
+    choice = Choice(next(c for c in cands if c.label == label), table, cal.pruned(),
+                    busy=others_busy(mon) or bool(cal.untimed))
     ranked = sorted(table.items(), key=lambda kv: -kv[1])
     log.info("auto: chose %s (%s tok/s; %.0f s%s)", label, ", ".join(f"{k} {v:.1f}" for k, v in ranked),
              clock() - t0, "; the machine was busy: measured again on a quiet start" if choice.busy else "")

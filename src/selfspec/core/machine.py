@@ -7,6 +7,7 @@ benchmark record and cached profile carries these readings.
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import time
@@ -155,6 +156,15 @@ class LoadMonitor:
             self.others_share = min(others / capacity, 1.0)
             self.steal_share = min(max(stat1[1] - stat0[1], 0.0) / capacity, 1.0)
         return self
+
+    def others_so_far(self) -> float | None:
+        """Other processes' (and a hypervisor's) share of our CPUs from :meth:`start` until now,
+        while the monitor keeps running; None before :data:`MIN_STAT_WALL_S` or where the CPUs'
+        times cannot be read."""
+        if self._start is None:
+            raise RuntimeError("LoadMonitor.others_so_far before start")
+        probe = copy.copy(self).stop()
+        return probe.others_share if probe.wall >= MIN_STAT_WALL_S else None
 
     __enter__ = start
 
