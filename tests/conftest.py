@@ -7,13 +7,21 @@ import os
 import tempfile
 from pathlib import Path
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+# Compiled-backend tests share one Inductor cache (across test processes and pytest-xdist workers,
+# whose SELFSPEC_HOME differ): a graph compiled once is loaded, not compiled again, by the others.
+# Set before selfspec is imported: importing it imports Inductor, which fills the variable with
+# torch's own default, and the compiled backend then keeps its steps under each test session's
+# SELFSPEC_HOME instead (every worker and every CI command compiled every graph again).
+INDUCTOR_CACHE = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                                       os.path.join(tempfile.gettempdir(), f"selfspec-tests-inductor-{os.getuid()}"))
 
-import selfspec.api
-import selfspec.autoselect.configure
-from selfspec.models import aot_step
+import pytest  # noqa: E402 - after the cache directory is set
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+import selfspec.api  # noqa: E402
+import selfspec.autoselect.configure  # noqa: E402
+from selfspec.models import aot_step  # noqa: E402
 
 # One torch thread per test process. Tests on tiny models run microsecond-sized ops, and a second
 # OpenMP thread made each 10-20x slower whenever the 2 cores were shared (a 64-wide linear: 5 us on
@@ -24,10 +32,6 @@ REAL_MODEL_THREADS = int(os.environ.get("SELFSPEC_TEST_THREADS", "1"))
 torch.set_num_threads(1)
 # Tests name their backend; those that test the product default (auto) unset this themselves.
 os.environ["SELFSPEC_KERNELS"] = "stock"
-# Compiled-backend tests share one Inductor cache (across test processes and pytest-xdist workers,
-# whose SELFSPEC_HOME differ): a graph compiled once is loaded, not compiled again, by the others.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                      os.path.join(tempfile.gettempdir(), f"selfspec-tests-inductor-{os.getuid()}"))
 # The device and dtype of the tiny models in the tests that honour them (greedy equivalence, the
 # sampling tests): ``SELFSPEC_TEST_DEVICE=cuda`` runs them on a GPU (``scripts/gpu_check.sh``).
 # The CPU-only kernels backends (onednn, int8) are skipped on other devices.

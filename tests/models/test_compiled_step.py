@@ -142,6 +142,17 @@ def test_compile_cache_dir(monkeypatch, tmp_path):
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
 
 
+def test_the_test_processes_share_one_compile_cache():
+    """Every test process (pytest-xdist workers, CI's commands) keeps compiled steps in the one directory
+    the conftest names, not under its own SELFSPEC_HOME: otherwise each recompiles every graph (the
+    conftest once set the directory after importing selfspec, which had already filled it)."""
+    from ..conftest import INDUCTOR_CACHE
+
+    assert compiled_step.compile_cache_dir() == INDUCTOR_CACHE, (
+        "the tests' compiled steps go to a per-process directory: set TORCHINDUCTOR_CACHE_DIR before importing "
+        "selfspec (tests/conftest.py)")
+
+
 # End to end under torch.compile: one loaded model for the module, so its graphs are compiled once.
 MAX_NEW, K = 23, 4
 PROMPTS = [prompt_ids(s, n) for s, n in [(1, 5), (3, 40)]]
@@ -487,3 +498,17 @@ def test_every_block_a_method_prices_is_compiled_ahead(tiny_dir, tmp_path, monke
         assert padded <= set(compiled_blocks(name)), (name, padded)
     assert 128 in built["msn"] and 128 not in compiled_step.block_sizes(64)
     assert compiled_blocks("ar") == (1, 2, 4, 8, 16, 32, 64)  # the prompt's blocks
+
+
+def test_a_step_saved_by_other_code_is_not_loaded(tmp_path, monkeypatch):
+    """A saved step's name carries a digest of selfspec's traced sources: after an upgrade or an edit
+    of ``kernels/`` or ``models/``, the step is compiled again instead of loaded (and the tests' shared
+    cache cannot hand one commit's steps to another)."""
+    from selfspec.models import aot_step
+
+    model = tiny_model("llama")
+    shape = [(1, 512, False)]
+    before = aot_step.artifact_paths(str(tmp_path), model, shape)
+    assert aot_step.artifact_paths(str(tmp_path), model, shape) == before
+    monkeypatch.setattr(aot_step, "code_digest", lambda: "other-sources")
+    assert aot_step.artifact_paths(str(tmp_path), model, shape) != before

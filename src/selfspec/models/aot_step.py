@@ -24,6 +24,7 @@ same name in this process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -95,6 +96,19 @@ takes the weights as inputs, so a copy of a model in another directory or a fine
 architecture (``smollm2-135m-instruct-msn``) loads the steps saved for the model (tested)."""
 
 
+@functools.cache
+def code_digest() -> str:
+    """A digest of the sources of selfspec's code that a step traces (``kernels/``, ``models/``), part
+    of every saved step's name: a step saved by other code (an upgrade, an edited checkout, the
+    tests' shared cache across commits) is compiled again rather than loaded."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for sub in ("kernels", "models"):
+        for f in sorted((root / sub).glob("*.py")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[int, int, bool]],
                    linears: set[type] | None = None, layout: bool = False) -> list[Path]:
     """:func:`artifact_path` of each of ``shapes``, the model's part of the key computed once (a
@@ -127,6 +141,7 @@ def artifact_paths(directory: str, model: torch.nn.Module, shapes: list[tuple[in
         "torch_dir": str(Path(torch.__file__).parent),  # its kernels' build key names the install's headers
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
+        "code": code_digest(),
     }
     out = []
     for shape in shapes:
