@@ -9,8 +9,9 @@ reads 4 bytes for each. This script
    and the block is kept only where ``fl32(d * q + m)`` gives every fp32 weight back bit for bit;
 2. times one decode step's linear products (30 layers of q/k/v/o/gate/up/down and the LM head, one
    token), as the ``compiled`` backend writes them (a reduction Inductor fuses, ``kernels/gemv.py``),
-   on three weight stores: fp32 blocked (today's compiled step, 4 bytes a weight), one byte a code,
-   and two codes a byte (nibbles, 0.5 bytes, plus ``d`` and ``m`` per block). Each store's product
+   on four weight stores: fp32 blocked (today's compiled step, 4 bytes a weight), one byte a code,
+   two codes a byte (nibbles), and eight codes an int32 word (0.5 bytes a weight, plus ``d`` and ``m``
+   per block). Each store's product
    decompresses the codes in registers and multiplies in fp32;
 3. checks each store's product on one-hot inputs, which read back every weight it decompresses:
    they must equal the fp32 weights bit for bit.
@@ -97,6 +98,31 @@ def q4_gemv(x: torch.Tensor, qb: torch.Tensor, d: torch.Tensor, m: torch.Tensor)
     return (lo * xs[:, :, 0] + hi * xs[:, :, 1]).sum((1, 2)).reshape(1, nb * b)
 
 
+def pack_words(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Codes ``q[N, K]`` as int32 words of eight codes along ``K`` (code ``j`` in bits ``4j..4j+3``),
+    laid out ``[N / B, K / 32, 4, B]``, and ``d``, ``m`` as ``[N / B, K / 32, 1, B]``: whole vectors of
+    int32 to load, where a byte store loads a fraction of a byte vector."""
+    n, k = q.shape
+    b = BLOCK
+    q64 = q.to(torch.int64).reshape(n, k // 8, 8)
+    word = sum(q64[..., j] << (4 * j) for j in range(8))
+    word = torch.where(word >= 2 ** 31, word - 2 ** 32, word).to(torch.int32)
+    wb = word.reshape(n // b, b, k // GROUP, 4).permute(0, 2, 3, 1).contiguous()
+    scales = [t.reshape(n // b, b, k // GROUP).permute(0, 2, 1)[:, :, None, :].contiguous() for t in (d, m)]
+    return (wb, *scales)
+
+
+def words_gemv(x: torch.Tensor, wb: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``x[1, K] @ W.T -> [1, N]`` with ``W = d * q + m`` read from :func:`pack_words`' layout."""
+    nb, kb, four, b = wb.shape
+    xs = x.reshape(kb, four, 8)
+    acc = None
+    for j in range(8):
+        t = (((wb >> (4 * j)) & 15).float() * d + m) * xs[None, :, :, j:j + 1]
+        acc = t if acc is None else acc + t
+    return acc.sum((1, 2)).reshape(1, nb * b)
+
+
 def layer(x: torch.Tensor, ws: list, product) -> torch.Tensor:
     """One layer's seven one-token products (q, k, v, o on ``x``; gate, up; down on their SiLU
     product): ``x[1, H] -> [1, H]`` (attention left out: the products are the weights' bytes)."""
@@ -126,12 +152,12 @@ def main() -> None:
     from selfspec.models.loading import load_model
 
     model = load_model(str(bundled.pull(args.model))).model  # the HF model of the runner
-    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    proven, total, stores = 0, 0, {"fp32": [], "q8 (a code a byte)": [], "q4 (nibbles)": []}
+    proven, total, stores = 0, 0, {"fp32": [], "q8 (a code a byte)": [], "q4 (nibbles)": [],
+                                         "q4 (int32 words)": []}
     for blk in model.model.layers:
         mods = [blk.self_attn.q_proj, blk.self_attn.k_proj, blk.self_attn.v_proj, blk.self_attn.o_proj,
                 blk.mlp.gate_proj, blk.mlp.up_proj, blk.mlp.down_proj]
-        fp32, q8, q4 = [], [], []
+        fp32, q8, q4, q4w = [], [], [], []
         for mod in mods:
             w = mod.weight.detach().float()
             total += 1
@@ -142,10 +168,12 @@ def main() -> None:
             fp32.append((blocked(w),))
             q8.append(pack(*blocks, nibbles=False))
             q4.append(pack(*blocks, nibbles=True))
+            q4w.append(pack_words(*blocks))
         stores["fp32"].append(fp32)
         stores["q8 (a code a byte)"].append(q8)
         stores["q4 (nibbles)"].append(q4)
-    products = {"fp32": gemv, "q8 (a code a byte)": q4_gemv, "q4 (nibbles)": q4_gemv}
+        stores["q4 (int32 words)"].append(q4w)
+    products = {"fp32": gemv, "q8 (a code a byte)": q4_gemv, "q4 (nibbles)": q4_gemv, "q4 (int32 words)": words_gemv}
     head = model.lm_head.weight.detach().float()
     head_blocks = q4_1_blocks(head)
     print(f"{proven}/{total} layer weights proven Q4_1; LM head: {'Q4_1' if head_blocks else 'not Q4_1'}")
@@ -185,7 +213,8 @@ def main() -> None:
                 step(n)
             runs[n].append((time.perf_counter() - t) / args.steps * 1e3)
     med = {n: statistics.median(r) for n, r in runs.items()}
-    bytes_per = {"fp32": 4.0, "q8 (a code a byte)": 1 + 8 / GROUP, "q4 (nibbles)": 0.5 + 8 / GROUP}
+    bytes_per = {"fp32": 4.0, "q8 (a code a byte)": 1 + 8 / GROUP, "q4 (nibbles)": 0.5 + 8 / GROUP,
+                 "q4 (int32 words)": 0.5 + 8 / GROUP}
     n_weights = sum(m.weight.numel() for blk in model.model.layers for m in blk.modules()
                     if isinstance(m, torch.nn.Linear))
     rows = {n: {"ms_per_step": round(med[n], 3), "vs_fp32": round(med["fp32"] / med[n], 3),

@@ -277,3 +277,85 @@ def test_profiles_timed_through_a_step_are_cached_under_their_own_key(tmp_path, 
     stepped = load_or_measure(model, stepped_key, step=step)
     assert stepped.key == stepped_key
     assert load_or_measure(model, eager_key).key == eager.key
+
+
+# --- busy machines and jumps -------------------------------------------------------------------------------------
+
+
+class _Watch:
+    """A load monitor's readings, injected: other processes' share of our CPUs over ``wall`` seconds."""
+
+    def __init__(self, share: float, wall: float = 2.0) -> None:
+        self.others_share, self.wall = share, wall
+
+    def start(self) -> _Watch:
+        return self
+
+    def stop(self) -> _Watch:
+        return self
+
+
+def _fake_measures(monkeypatch, t1s: list[float], spread: float = 0.001) -> list[float]:
+    """``cost.measure`` returning profiles whose T(1) are ``t1s`` in turn; returns the list of calls."""
+    calls: list[float] = []
+
+    def fake(model, key, qs=cost.DEFAULT_QS, *a, **kw):
+        t1 = t1s[len(calls)]
+        calls.append(t1)
+        return CostProfile(tuple(qs), tuple(t1 * q for q in qs), 8, key, tuple(t1 * q for q in qs),
+                           (spread,) * len(qs), 3)
+
+    monkeypatch.setattr(cost, "measure", fake)
+    return calls
+
+
+def test_a_profile_measured_on_a_busy_machine_is_used_then_measured_again_when_quiet(tmp_path, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    calls = _fake_measures(monkeypatch, [0.2, 0.05])
+    model = tiny_model()
+    key = cost.profile_key(model, "tiny-busy")
+    busy, measured = cost.cached_or_measure(model, key, cost.DEFAULT_QS, monitor=lambda: _Watch(0.8))
+    assert measured and busy.busy and busy.t1 == 0.2 and calls == [0.2]
+    assert cost.read_cached(key).busy  # stored as busy
+    # still busy: the cached one is used, nothing measured
+    again, measured = cost.cached_or_measure(model, key, cost.DEFAULT_QS, busy_now=lambda: True)
+    assert not measured and again.t1 == 0.2 and calls == [0.2]
+    # quiet now: measured again, and stored as quiet
+    quiet, measured = cost.cached_or_measure(model, key, cost.DEFAULT_QS, busy_now=lambda: False,
+                                             monitor=lambda: _Watch(0.0))
+    assert measured and not quiet.busy and quiet.t1 == 0.05 and calls == [0.2, 0.05]
+    assert not cost.read_cached(key).busy
+
+
+def test_a_watch_too_short_to_read_marks_nothing_busy(tmp_path, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    _fake_measures(monkeypatch, [0.05])
+    model = tiny_model()
+    prof, _ = cost.cached_or_measure(model, cost.profile_key(model, "tiny-short"), cost.DEFAULT_QS,
+                                     monitor=lambda: _Watch(0.9, wall=0.1))
+    assert not prof.busy
+
+
+def test_a_profile_that_jumps_from_its_history_is_measured_once_more(tmp_path, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_HOME", str(tmp_path))
+    calls = _fake_measures(monkeypatch, [0.050, 0.052, 0.080, 0.051, 0.004, 0.006])
+    model = tiny_model()
+    key = cost.profile_key(model, "tiny-jump")
+    quiet = lambda: _Watch(0.0)  # noqa: E731
+    cost.cached_or_measure(model, key, cost.DEFAULT_QS, monitor=quiet)
+    # within the spread and 10%: one measurement
+    prof, _ = cost.cached_or_measure(model, key, cost.DEFAULT_QS, remeasure=True, monitor=quiet)
+    assert calls == [0.050, 0.052] and prof.t1 == 0.052
+    # 0.080 against 0.052: measured once more, and the second kept
+    prof, _ = cost.cached_or_measure(model, key, cost.DEFAULT_QS, remeasure=True, monitor=quiet)
+    assert calls == [0.050, 0.052, 0.080, 0.051] and prof.t1 == 0.051
+    # steps shorter than the floor are timer noise: not judged
+    cost.cached_or_measure(model, key, cost.DEFAULT_QS, remeasure=True, monitor=quiet)
+    assert calls[-1] == 0.004
+    prof, _ = cost.cached_or_measure(model, key, cost.DEFAULT_QS, remeasure=True, monitor=quiet)
+    assert len(calls) == 6 and prof.t1 == 0.006
+
+
+def test_busy_flag_round_trips_in_json():
+    p = CostProfile((1, 2), (1.0, 2.0), 8, "k", busy=True)
+    assert CostProfile.from_json(p.to_json()).busy and not CostProfile.from_json(replace(p, busy=False).to_json()).busy

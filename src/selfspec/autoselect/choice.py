@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..core import store
-from ..core.machine import CONTENDED_OTHERS_SHARE, MIN_STAT_WALL_S, LoadMonitor
+from ..core.machine import LoadMonitor, machine_busy, others_busy, share_busy
 from ..errors import SelfspecError
 from ..models.loading import Runner
 from .calibration import (
@@ -117,31 +117,6 @@ def read_cache(key: str, cands: Sequence[Candidate]) -> Choice | None:
     return Choice(by_label[rec.choice], rec.table, rec.pruned, cached=True, busy=rec.busy)
 
 
-BUSY_SAMPLE_S = 0.5
-"""How long :func:`machine_busy` watches the CPUs."""
-
-
-def machine_busy(sample_s: float = BUSY_SAMPLE_S, sleep: Callable[[float], None] = time.sleep,
-                 monitor: Callable[[], LoadMonitor] = LoadMonitor) -> bool:
-    """Whether other processes keep this machine busy right now: their share of our CPUs over
-    ``sample_s`` seconds (this process idle meanwhile). Not the load average, which lags a busy
-    spell by minutes: a quiet start just after one read as busy and kept the busy choice. Where
-    the CPUs' times cannot be read, the load average decides. ``sleep`` and ``monitor`` are injected
-    in tests."""
-    mon = monitor().start()
-    sleep(sample_s)
-    return others_busy(mon.stop())
-
-
-def others_busy(mon: LoadMonitor) -> bool:
-    """Whether other processes took more than :data:`CONTENDED_OTHERS_SHARE` of our CPUs while
-    ``mon`` watched; where their share is unknown (too short a watch, no CPU times), whether the run
-    was contended by the load average."""
-    if mon.others_share is None or mon.wall < MIN_STAT_WALL_S:
-        return mon.contended
-    return mon.others_share > CONTENDED_OTHERS_SHARE
-
-
 def _nothing_ran(errors: dict[str, str]) -> str:
     """The one line for a calibration where no candidate ran: where every failure had the same
     reason (a draft model with another tokenizer fails alike on every kernels backend), that reason
@@ -201,8 +176,7 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
     mon = monitor().start()
 
     def busy_so_far() -> bool:
-        share = mon.others_so_far()
-        return share is not None and share > CONTENDED_OTHERS_SHARE
+        return share_busy(mon.others_so_far())
 
     cal = calibrate(make, cands, prompts, reference, clock=clock, busy=busy_so_far)
     mon.stop()

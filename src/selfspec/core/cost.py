@@ -18,6 +18,7 @@ import torch
 
 from . import kv_cache, store
 from .attention import decode_attention
+from .machine import MIN_STAT_WALL_S, LoadMonitor, machine_busy, share_busy
 from .store import Kind
 from .timing import interleaved
 
@@ -29,6 +30,7 @@ MIN_ROUNDS = 3  # measured rounds at least (after one warm-up round); medians of
 NOISE_RATIO = 0.10  # a later q this much below an earlier q's median (and beyond the spread) is noted
 MIN_OBSERVATIONS = 5  # verify timings of a q before its online average counts
 DRIFT_REMEASURE = 0.30  # re-measure on load when the last session's online drift exceeded this
+JUMP_FLOOR_S = 0.005  # steps shorter than this are not checked for jumps (tiny models: timer noise)
 
 
 def isotonic(values: list[float] | tuple[float, ...], weights: list[float] | None = None) -> list[float]:
@@ -77,6 +79,8 @@ class CostProfile:
         remeasured_for_drift: measured again because the cached profile had drifted (then a
             drift found again is kept, not measured a third time).
         observations: (q, verify timings averaged) of a corrected profile.
+        busy: measured while other processes kept our CPUs busy: used, but measured again on the
+            next load that finds the machine quiet.
         path: where a correction of it is written back (not serialised; None: nowhere).
 
     ``ratio`` reads only this snapshot: the online estimates of an ``OnlineCost``
@@ -96,6 +100,7 @@ class CostProfile:
     source: str = "measured"
     remeasured_for_drift: bool = False
     observations: tuple[tuple[int, int], ...] = ()
+    busy: bool = False
     path: Path | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -135,6 +140,8 @@ class CostProfile:
             d["remeasured_for_drift"] = True
         if self.observations:
             d["observations"] = {str(q): n for q, n in self.observations}
+        if self.busy:
+            d["busy"] = True
         return d
 
     @classmethod
@@ -149,7 +156,8 @@ class CostProfile:
         return cls(qs, tuple(isotonic(raw)), int(d["context"]), d["key"], raw, spread, int(d.get("reps", 0)),
                    float(d.get("drift", 0.0)), str(d.get("source", "measured")),
                    bool(d.get("remeasured_for_drift", False)),
-                   tuple((int(q), int(n)) for q, n in (d.get("observations") or {}).items()))
+                   tuple((int(q), int(n)) for q, n in (d.get("observations") or {}).items()),
+                   bool(d.get("busy", False)))
 
 
 class BlockStep(Protocol):
@@ -256,11 +264,14 @@ def read_cached(key: str) -> CostProfile | None:
     return prof if prof is not None and prof.key == key else None
 
 
-def stale_reason(prof: CostProfile) -> str | None:
-    """Why a cached profile must be measured again, or None: the verify times of its last
+def stale_reason(prof: CostProfile, busy_now: Callable[[], bool] | None = None) -> str | None:
+    """Why a cached profile must be measured again, or None: it was measured on a busy machine
+    and this one is quiet now (``busy_now``, asked only then), the verify times of its last
     session drifted more than ``DRIFT_REMEASURE`` from it (once: a drift that persists right
     after re-measuring is kept), or it was cached before repeats were recorded and is not
-    monotonic beyond ``NOISE_RATIO``."""
+    monotonic beyond ``NOISE_RATIO``. ``busy_now`` defaults to :func:`~.machine.machine_busy`."""
+    if prof.busy and not (busy_now or machine_busy)():
+        return "the cached cost profile was measured while other processes kept the machine busy; it is quiet now"
     if prof.last_drift > DRIFT_REMEASURE and not prof.remeasured_for_drift:
         return (f"the verify times measured while decoding differed by up to {prof.last_drift:.0%} from the "
                 "cached cost profile")
@@ -286,18 +297,39 @@ def monotone_note(prof: CostProfile) -> str | None:
             "with `selfspec profile --remeasure`")
 
 
+def jumped(new: CostProfile, old: CostProfile) -> bool:
+    """Whether ``new``'s T(1) moved from ``old``'s by more than the spread of their repeats (and
+    :data:`NOISE_RATIO`): a step that got much faster or slower than its own history, which a
+    one-off disturbance explains more often than a changed machine. Steps under
+    :data:`JUMP_FLOOR_S` are not judged."""
+    a, b = (new.raw or new.seconds)[0], (old.raw or old.seconds)[0]
+    if min(a, b) < JUMP_FLOOR_S:
+        return False
+    spread = max((new.spread or (0.0,))[0], (old.spread or (0.0,))[0])
+    return abs(a - b) > spread + NOISE_RATIO * min(a, b)
+
+
 def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], remeasure: bool = False,
                       max_q: int = 0, reps: int = MIN_ROUNDS, progress: bool = False,
-                      what: str = "the model", step: BlockStep | None = None,
-                      hidden: bool = False) -> tuple[CostProfile, bool]:
+                      what: str = "the model", step: BlockStep | None = None, hidden: bool = False,
+                      monitor: Callable[[], LoadMonitor] | None = None,
+                      busy_now: Callable[[], bool] | None = None) -> tuple[CostProfile, bool]:
     """The cached profile of ``key`` if it has every q of ``qs`` (or, with ``max_q``, reaches
     ``max_q``) and is not stale (:func:`stale_reason`); else measured over ``qs`` and the cached
-    qs, cached, and noted when not monotonic. Returns (profile, measured)."""
-    prof = None if remeasure else read_cached(key)
+    qs, cached, and noted when not monotonic. Returns (profile, measured).
+
+    A measurement during which other processes took more than a quarter of our CPUs (``monitor``,
+    default :class:`~.machine.LoadMonitor`; judged only where it lasted long enough to read their
+    share) is cached as ``busy``: it is used, and measured again on the next load that finds the machine quiet
+    (``busy_now``). One whose T(1) jumped from the cached profile's beyond their spread
+    (:func:`jumped`) is measured once more before use, and the second one is kept."""
+    cached = read_cached(key)
+    history = cached if cached is not None and not cached.busy else None
+    prof = None if remeasure else cached
     again = announced = False
     if prof is not None:
         covers = max(prof.qs) >= max_q if max_q else set(qs) <= set(prof.qs)
-        reason = stale_reason(prof)
+        reason = stale_reason(prof, busy_now)
         if covers and reason is None:
             return replace(prof, path=store.write_path(key)), False
         if reason is not None:
@@ -307,8 +339,24 @@ def cached_or_measure(model: torch.nn.Module, key: str, qs: tuple[int, ...], rem
         qs = tuple(sorted(set(qs) | set(prof.qs)))
     if not announced:
         log.info(f"measuring the verify cost profile of {what} on this machine (once) ...")
-    prof = replace(measure(model, key, qs, reps=reps, progress=progress, step=step, hidden=hidden),
-                   remeasured_for_drift=again)
+    if again:  # the cached one drifted from what decoding measured: it is no history to compare with
+        history = None
+
+    def timed() -> CostProfile:
+        mon = (monitor or LoadMonitor)().start()
+        new = measure(model, key, qs, reps=reps, progress=progress, step=step, hidden=hidden)
+        mon.stop()
+        busy = mon.wall >= MIN_STAT_WALL_S and share_busy(mon.others_share)
+        return replace(new, remeasured_for_drift=again, busy=busy)
+
+    prof = timed()
+    if prof.busy:
+        log.info("other processes kept the machine busy while the cost profile was measured: it is used for "
+                 "now and measured again on a quiet start")
+    elif history is not None and jumped(prof, history):
+        log.info(f"the measured T(1) = {1e3 * prof.t1:.1f} ms moved from the cached {1e3 * history.t1:.1f} ms beyond "
+                 "the spread of their repeats: measuring once more before use ...")
+        prof = timed()
     note = monotone_note(prof)
     if note:
         log.info(note.removeprefix("selfspec: "))

@@ -208,6 +208,37 @@ class LoadMonitor:
                 f"cores{others}): speedups are noisy{threads_hint(self.threads)}")
 
 
+
+BUSY_SAMPLE_S = 0.5
+"""How long :func:`machine_busy` watches the CPUs."""
+
+
+def machine_busy(sample_s: float = BUSY_SAMPLE_S, sleep: Callable[[float], None] = time.sleep,
+                 monitor: Callable[[], LoadMonitor] = LoadMonitor) -> bool:
+    """Whether other processes keep this machine busy right now: their share of our CPUs over
+    ``sample_s`` seconds (this process idle meanwhile). Not the load average, which lags a busy
+    spell by minutes: a quiet start just after one read as busy and kept the busy choice. Where
+    the CPUs' times cannot be read, the load average decides. ``sleep`` and ``monitor`` are injected
+    in tests."""
+    mon = monitor().start()
+    sleep(sample_s)
+    return others_busy(mon.stop())
+
+
+def others_busy(mon: LoadMonitor) -> bool:
+    """Whether other processes took more than :data:`CONTENDED_OTHERS_SHARE` of our CPUs while
+    ``mon`` watched; where their share is unknown (too short a watch, no CPU times), whether the run
+    was contended by the load average."""
+    if mon.others_share is None or mon.wall < MIN_STAT_WALL_S:
+        return mon.contended
+    return share_busy(mon.others_share)
+
+
+def share_busy(share: float | None) -> bool:
+    """Whether other processes' ``share`` of our CPUs (None: unknown) makes the machine busy."""
+    return share is not None and share > CONTENDED_OTHERS_SHARE
+
+
 def threads_hint(threads: int | None = None) -> str:
     """The busy-machine advice (empty on one thread): a thread count that oversubscribes a busy
     machine can decode several times slower than one thread (0.7 against 15 tok/s measured)."""
