@@ -20,7 +20,7 @@ The products differ from the fp32 step's in summation order (a packed step is lo
 to itself, like every backend; its identity with ``generate`` is what the issue measures), so the
 script states their largest difference too.
 
-    python experiments/packed_q4_gemv.py --out docs/results/packed-q4-gemv-avx2/result.json
+    python experiments/packed_q4_gemv.py --out docs/results/packed-q4-gemv-avx2-1130
 
 Timings: median of ``--repeats`` runs of ``--steps`` steps each, the stores interleaved in one process.
 """
@@ -32,6 +32,7 @@ import json
 import platform
 import re
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -71,6 +72,21 @@ def q4_1_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         if bool(ok.all()):
             return q.to(torch.uint8).reshape(n, k), d, m
     return None
+
+
+def q8_0_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The Q8_0 codes of ``w[N, K]`` if every 32-weight block is ``d * q`` for the fp16 ``d`` =
+    ``amax / 127`` and int8 codes ``q``, proven bit for bit; else None. Returns ``q[N, K]`` int8 and
+    ``d[N, K / 32]`` fp32."""
+    n, k = w.shape
+    if k % GROUP:
+        return None
+    g = w.reshape(n, k // GROUP, GROUP)
+    d = (g.abs().amax(-1) / 127).half().float()
+    q = torch.round(g / torch.where(d > 0, d, torch.ones_like(d))[..., None]).clamp(-127, 127)
+    if not bool(((q * d[..., None]) == g).all()):
+        return None
+    return q.to(torch.int8).reshape(n, k), d
 
 
 def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, nibbles: bool) -> tuple[torch.Tensor, ...]:
@@ -176,7 +192,8 @@ def main() -> None:
     products = {"fp32": gemv, "q8 (a code a byte)": q4_gemv, "q4 (nibbles)": q4_gemv, "q4 (int32 words)": words_gemv}
     head = model.lm_head.weight.detach().float()
     head_blocks = q4_1_blocks(head)
-    print(f"{proven}/{total} layer weights proven Q4_1; LM head: {'Q4_1' if head_blocks else 'not Q4_1'}")
+    head_kind = "Q4_1" if head_blocks else "Q8_0" if q8_0_blocks(head) is not None else "neither Q4_1 nor Q8_0"
+    print(f"{proven}/{total} layer weights proven Q4_1; LM head (tied embedding): proven {head_kind}")
 
     # exactness: one-hot inputs read back every decompressed weight
     exact = {}
@@ -225,14 +242,17 @@ def main() -> None:
         print(f"{n:20s} {r['ms_per_step']:8.3f} ms/step  {r['vs_fp32']:.2f}x fp32  {r['GB_per_s']:6.1f} GB/s  "
               f"compile {r['compile_s']} s  diff {r['max_abs_diff_vs_fp32_step']:.2e}  exact {r['weights_exact']}")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"command": "python experiments/packed_q4_gemv.py " + " ".join(
-                    f"--{k} {v}" for k, v in vars(args).items() if v is not None),
-                "cpu_flags": cpu_flags(), "torch": torch.__version__, "platform": platform.platform(),
-                "date": time.strftime("%Y-%m-%d"), "model": args.model, "threads": args.threads,
-                "layer_weights_proven_q4_1": f"{proven}/{total}", "lm_head_q4_1": head_blocks is not None}
-        args.out.write_text(json.dumps({"meta": meta, "stores": rows}, indent=1))
-
+        args.out.mkdir(parents=True, exist_ok=True)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        command = "python experiments/packed_q4_gemv.py " + " ".join(
+            f"--{k} {v}" for k, v in vars(args).items() if v is not None)
+        (args.out / "result.json").write_text(json.dumps({
+            "layer_weights_proven_q4_1": f"{proven}/{total}", "lm_head": head_kind,
+            "stores": rows}, indent=1))
+        (args.out / "meta.json").write_text(json.dumps({
+            "command": command, "commit": commit, "date": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
+            "torch": torch.__version__, "platform": platform.platform(), "threads": args.threads,
+            "model": args.model}, indent=1))
 
 if __name__ == "__main__":
     main()
