@@ -175,6 +175,7 @@ def test_traced_onednn_layer_calls_the_same_kernel():
 
 
 @COMPILED_OFFERED
+@pytest.mark.matrix  # compiles a step of its own (30 s here): CI's second command
 @torch.inference_mode()
 def test_siblings_share_one_product_in_the_compiled_step(tiny_qwen_dir):
     """Members of a sibling group (with biases: Qwen2's q/k/v) give the separate layers' values
