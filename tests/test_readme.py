@@ -29,7 +29,7 @@ def test_ci_also_runs_the_full_proof_of_losslessness():
     block = text.split("## Tests", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     full = [line.split("  #", 1)[0].strip() for line in block.splitlines() if "not slow" in line]
     assert len(full) == 2 and "statistical or real_model or matrix" in full[0]
-    assert "SELFSPEC_COMPILE_ROUTE=public" in full[1] and "-k compiled" in full[1]
+    assert "SELFSPEC_COMPILE_ROUTE=public" in full[1] and '-k "compiled' in full[1]
     ci = (ROOT / ".ci" / "run").read_text()
     assert all(command in ci for command in full)
 

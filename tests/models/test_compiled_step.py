@@ -512,3 +512,64 @@ def test_a_step_saved_by_other_code_is_not_loaded(tmp_path, monkeypatch):
     assert aot_step.artifact_paths(str(tmp_path), model, shape) == before
     monkeypatch.setattr(aot_step, "code_digest", lambda: "other-sources")
     assert aot_step.artifact_paths(str(tmp_path), model, shape) != before
+
+
+def test_a_step_another_process_is_compiling_is_waited_for(tmp_path, caplog):
+    """The lock that makes a second process wait for the first to compile and save a step excludes
+    another holder (here a thread: a lock file's locks are per open file, as between processes),
+    is free again once its holder's block ends, an exception included, and where it cannot be
+    taken in time, the step compiles without it, with the reason logged."""
+    import threading
+
+    from selfspec.models import aot_step
+
+    path = tmp_path / "compile" / "aot" / "step-1x512-abc.bin"
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with aot_step.step_lock(path):
+            held.set()
+            release.wait(30)
+        done.set()
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(30)
+    with caplog.at_level("INFO", logger="selfspec.models.aot_step"), aot_step.step_lock(path, wait_s=0.05):
+        pass  # waited 50 ms, then went on without the lock
+    assert "without waiting for other processes (Timeout" in caplog.text
+    release.set()
+    t.join(30)
+    assert done.is_set()
+    caplog.clear()
+    with pytest.raises(RuntimeError), aot_step.step_lock(path, wait_s=0.05):
+        raise RuntimeError("the compile failed")
+    with caplog.at_level("INFO", logger="selfspec.models.aot_step"), aot_step.step_lock(path, wait_s=0.05):
+        pass
+    assert "without waiting" not in caplog.text  # released after the exception: taken at once
+
+
+@COMPILED_OFFERED
+@SAVED_ROUTE_ONLY
+def test_a_steps_first_call_holds_the_lock_of_its_saved_file(compiled, ar_ids, monkeypatch):
+    """A step's first call (load or compile, then run) holds the lock named after its saved file,
+    so two processes never compile the same step at once (CI's two test workers did)."""
+    import contextlib
+
+    from selfspec.models import aot_step
+
+    taken = []
+
+    @contextlib.contextmanager
+    def recording(path, wait_s=aot_step.LOCK_WAIT_S):
+        taken.append(path)
+        yield
+
+    monkeypatch.setattr(aot_step, "step_lock", recording)
+    step = StaticStep(compiled.model)  # a new step, as in a new process: loads the one the fixture saved
+    cache = kv_cache.new_cache(compiled.model.config, capacity=capacity_for(len(PROMPTS[0]) + MAX_NEW))
+    with torch.inference_mode():
+        step.prefill(cache, torch.tensor(PROMPTS[0]), False)
+        step.forward(cache, torch.tensor([5]), torch.tensor([len(PROMPTS[0])]), None, False)
+    shape = (1, kv_cache.capacity(cache), False)
+    assert aot_step.artifact_path(compiled_step.compile_cache_dir(), compiled.model, shape) in taken

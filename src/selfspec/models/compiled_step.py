@@ -374,7 +374,8 @@ class StaticStep:
         t0 = now(None)
         if first:  # Inductor reads its cache directory from the environment when it compiles: set for a
             # shape's first call only (a later call compiles nothing), one compile at a time in the process
-            with COMPILING, inductor_cache(self._dir):
+            lock = aot_step.artifact_path(self._dir, model, shape) if self._dir else None
+            with COMPILING, aot_step.step_lock(lock), inductor_cache(self._dir):  # one compile across processes
                 out = self._step_for(shape, kwargs)(**kwargs)
         else:
             out = self._step_for(shape, kwargs)(**kwargs)
