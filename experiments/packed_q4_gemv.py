@@ -155,8 +155,9 @@ def cpu_flags() -> list[str]:
     return sorted(found)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_args(doc: str) -> argparse.Namespace:
+    """The options of this experiment and of ``packed_q4_kernel.py`` (torch's threads set from them)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
@@ -164,6 +165,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def write_run(script: str, args: argparse.Namespace, result: dict, **meta: object) -> None:
+    """``result.json`` and ``meta.json`` (the command, commit, date, CPU flags, torch, threads,
+    model and ``meta``) in ``args.out``, where given."""
+    if not args.out:
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    command = f"python experiments/{script} " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v is not None)
+    (args.out / "result.json").write_text(json.dumps(result, indent=1))
+    (args.out / "meta.json").write_text(json.dumps({
+        "command": command, "commit": commit, "date": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
+        "torch": torch.__version__, "threads": args.threads, "model": args.model, **meta}, indent=1))
+
+
+def main() -> None:
+    args = run_args(__doc__)
     from selfspec.models import bundled
     from selfspec.models.loading import load_model
 
@@ -241,18 +261,8 @@ def main() -> None:
     for n, r in rows.items():
         print(f"{n:20s} {r['ms_per_step']:8.3f} ms/step  {r['vs_fp32']:.2f}x fp32  {r['GB_per_s']:6.1f} GB/s  "
               f"compile {r['compile_s']} s  diff {r['max_abs_diff_vs_fp32_step']:.2e}  exact {r['weights_exact']}")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        command = "python experiments/packed_q4_gemv.py " + " ".join(
-            f"--{k} {v}" for k, v in vars(args).items() if v is not None)
-        (args.out / "result.json").write_text(json.dumps({
-            "layer_weights_proven_q4_1": f"{proven}/{total}", "lm_head": head_kind,
-            "stores": rows}, indent=1))
-        (args.out / "meta.json").write_text(json.dumps({
-            "command": command, "commit": commit, "date": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
-            "torch": torch.__version__, "platform": platform.platform(), "threads": args.threads,
-            "model": args.model}, indent=1))
+    write_run("packed_q4_gemv.py", args, {"layer_weights_proven_q4_1": f"{proven}/{total}", "lm_head": head_kind,
+                                          "stores": rows}, platform=platform.platform())
 
 if __name__ == "__main__":
     main()

@@ -19,10 +19,7 @@ generates (``kernels/gemv.py``) and oneDNN's fp32 product, interleaved in one pr
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from packed_q4_gemv import GROUP, cpu_flags, q4_1_blocks  # noqa: E402
+from packed_q4_gemv import GROUP, q4_1_blocks, run_args, write_run  # noqa: E402
 
 from selfspec.kernels.gemv import blocked, gemv  # noqa: E402
 
@@ -127,14 +124,7 @@ def gguf_codes(q: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = run_args(__doc__)
     from selfspec.models import bundled
     from selfspec.models.loading import load_model
 
@@ -199,17 +189,9 @@ def main() -> None:
                    "GB_per_s": round(n_weights * per / ms / 1e6, 1), "runs_ms": [round(r, 3) for r in runs[n]]}
         print(f"{n:40s} {ms:7.2f} ms per step of 210 products  {base / ms:5.2f}x fp32 compiled  "
               f"{rows[n]['GB_per_s']:5.1f} GB/s")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        command = "python experiments/packed_q4_kernel.py " + " ".join(
-            f"--{k} {v}" for k, v in vars(args).items() if v is not None)
-        (args.out / "result.json").write_text(json.dumps({
-            "weights_exact": exact, "rows_invariant": invariant, "max_rel_diff_vs_fp32": worst,
-            "build_s": round(build_s, 1), "products": len(linears), "weights": n_weights, "stores": rows}, indent=1))
-        (args.out / "meta.json").write_text(json.dumps({
-            "command": command, "commit": commit, "date": time.strftime("%Y-%m-%d"), "cpu_flags": cpu_flags(),
-            "torch": torch.__version__, "threads": args.threads, "model": args.model}, indent=1))
+    write_run("packed_q4_kernel.py", args, {
+        "weights_exact": exact, "rows_invariant": invariant, "max_rel_diff_vs_fp32": worst,
+        "build_s": round(build_s, 1), "products": len(linears), "weights": n_weights, "stores": rows})
 
 
 if __name__ == "__main__":
