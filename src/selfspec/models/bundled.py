@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import SelfspecError
-from ..paths import can_write, selfspec_home, share_modes
+from ..paths import can_write, file_lock, selfspec_home, share_modes
 from .manifest import MANIFEST, verify_manifest, write_manifest  # noqa: F401 - MANIFEST: bundled.MANIFEST for callers
 
 log = logging.getLogger("selfspec.models")
@@ -244,19 +244,8 @@ def build_lock(d: Path) -> Iterator[None]:
     """Hold the lock of model directory ``d`` while it is built, so two first runs against an
     empty cache do not both download and convert it: the second waits (saying so) and then finds
     it built. The caller checks again for ``d`` once it holds the lock."""
-    from filelock import FileLock, Timeout
-
-    d.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(d.parent / f".{d.name}.lock"))
-    try:
-        lock.acquire(timeout=0.5)
-    except Timeout:
-        log.info(f"another process is preparing {d.name}; waiting for it ...")
-        lock.acquire()
-    try:
+    with file_lock(d.parent / f".{d.name}.lock", f"another process is preparing {d.name}; waiting for it ..."):
         yield
-    finally:
-        lock.release()
 
 
 def convert_gguf(gguf: Path, out: Path, source: dict) -> None:
