@@ -32,6 +32,19 @@ def test_low_acceptance_stops_drafting_but_probes():
     assert [i for i, k in enumerate(picks) if k] == [3, 11, 27] and set(picks) == {0, 1}
 
 
+def test_in_a_batch_a_request_probes_width_times_less_often():
+    """A probe draft stalls every request of the packed forward, so a request in a batch of 4
+    probes a quarter as often as alone: the batch as a whole probes as often as one request."""
+    b = ChainBudget(profile([1.0, 1.5, 2.0, 2.5]), k=3, prior_alpha=0.6, probe_every=4)
+    for _ in range(20):
+        b.update(proposed=2, accepted=0)
+    b.width = 4
+    picks = [b.choose(room=10) for _ in range(112)]
+    assert [i for i, k in enumerate(picks) if k] == [15, 47, 111]  # 4 x (4, 8, 16) steps apart
+    b.width = 1
+    assert [b.choose(room=10) for _ in range(32)].count(0) == 31  # alone: the interval (now 32) is its own
+
+
 def test_expensive_draft_shortens_chain():
     b = ChainBudget(profile([1.0] * 16), k=10, prior_alpha=0.8)
     cheap = b.choose(room=100)

@@ -153,7 +153,7 @@ class ChainBudget:
         c = self.draft_cost / profile.t1 * w / profile.ratio(w) if profile.t1 > 0 else 0.0
         tokens = [(1 - a ** (k + 1)) / (1 - a) for k in range(1, min(self.k, room) + 1)]
         best_k, rate = best_rate(tokens, lambda k: profile.shared(k + 1, w) + k * c)
-        return self.probe.pick(best_k, rate)  # does not pay: probe now and then, at the best length
+        return self.probe.pick(best_k, rate, width=w)  # does not pay: probe now and then, at the best length
 
     def best_prefix(self, confidences: list[float]) -> int:
         """How many of the drafted tokens to verify, given each one's draft confidence.
@@ -253,7 +253,7 @@ class PositionalAcceptance:
         else:
             ks, size = range(1, min(self.max_k, room) + 1), None
         best, rate = best_rate(self.tokens(max(ks, default=0)), lambda k: self.cost(k, size), ks)
-        return self.probe.pick(best, rate)
+        return self.probe.pick(best, rate, width=self.width)
 
     def update(self, proposed: int, accepted: int) -> None:
         for j in range(min(proposed, accepted + 1, self.max_k)):

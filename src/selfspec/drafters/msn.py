@@ -153,7 +153,7 @@ class NodeRates:
         if profile is None or cap == 0:
             return cap
         best_n, rate = best_rate(expected_tokens(values[:cap]), lambda n: profile.shared(n + 1, self.width))
-        return self.probe.pick(best_n, rate, min(cap, 4))  # nothing pays: a small probe tree now and then
+        return self.probe.pick(best_n, rate, min(cap, 4), self.width)  # nothing pays: a small probe tree now and then
 
     def update(self, verified: Sequence[int], accepted: set[int]) -> None:
         """``verified`` template nodes; ``accepted`` those whose tree node was accepted."""
