@@ -47,13 +47,18 @@ def test_tune_end_to_end(tiny_dir, tmp_path, calib, capsys, objective):
     assert g.generate(p, max_new_tokens=16).token_ids == ar.generate(p, max_new_tokens=16).token_ids
 
 
-def test_tune_resumes_and_refuses_other_settings(tiny_dir, tmp_path, calib, capsys):
+def test_tune_resumes_and_refuses_other_settings(tiny_dir, tmp_path, calib, capsys, monkeypatch):
     n_seeds = len(seed_sets(3))
     assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", str(n_seeds)) == 0
     assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", str(n_seeds + 3)) == 0
     assert json.loads((tmp_path / "skip.json").read_text())["search"]["trials"] == n_seeds + 3
     capsys.readouterr()
-    assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "4", "--calib-tokens", "5") == 2
+    with monkeypatch.context() as m:  # refused before anything is measured
+        def measured(*a, **k):
+            raise AssertionError("measured before the search state was checked")
+        m.setattr("selfspec.tune.self_spec.measure_draft_cost", measured)
+        m.setattr("selfspec.models.loading.Runner.cost_profile", measured)
+        assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "4", "--calib-tokens", "5") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--fresh" in err
     assert _tune(tiny_dir, tmp_path, calib, "--objective", "proxy", "--trials", "2", "--fresh") == 0

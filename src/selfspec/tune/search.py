@@ -71,6 +71,19 @@ class SearchResult:
     # best is the best non-empty skip set: skipping nothing drafts with the whole model
 
 
+def check_state(state_dir: Path, settings: dict, fresh: bool = False) -> None:
+    """Refuse to resume a search state started with other ``settings`` (unless ``fresh``): raised
+    before anything is measured, so a mistyped option costs no time."""
+    journal, settings_path = state_dir / "journal.log", state_dir / "settings.json"
+    if fresh or not (journal.exists() and settings_path.exists()):
+        return
+    old = json.loads(settings_path.read_text())
+    if old != settings:
+        changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        raise SelfspecError(f"the search state in {state_dir} was started with other settings ({', '.join(changed)}"
+                            "); pass --fresh to start over or --state DIR for another search")
+
+
 def search(objective: Callable[[SkipSet], Evaluation], num_layers: int, state_dir: Path, settings: dict,
            trials: int, time_budget: float | None = None, seed: int = 0, fresh: bool = False,
            progress: bool = True) -> SearchResult:
@@ -89,18 +102,13 @@ def search(objective: Callable[[SkipSet], Evaluation], num_layers: int, state_di
     from optuna.storages.journal import JournalFileBackend
     from optuna.trial import TrialState
 
+    check_state(state_dir, settings, fresh)
     state_dir.mkdir(parents=True, exist_ok=True)
     journal = state_dir / "journal.log"
     settings_path = state_dir / "settings.json"
     if fresh:
         journal.unlink(missing_ok=True)
         settings_path.unlink(missing_ok=True)
-    if journal.exists() and settings_path.exists():
-        old = json.loads(settings_path.read_text())
-        if old != settings:
-            changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise SelfspecError(f"the search state in {state_dir} was started with other settings ({', '.join(changed)}"
-                                "); pass --fresh to start over or --state DIR for another search")
     settings_path.write_text(json.dumps(settings, indent=1))
     storage = JournalStorage(JournalFileBackend(str(journal)))
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=len(seed_sets(num_layers)))

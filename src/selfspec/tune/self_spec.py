@@ -22,7 +22,7 @@ from ..models.loading import Runner
 from ..models.skipping import SkipSet, decoder_layers
 from ..paths import check_output_dir, check_output_file, model_key, selfspec_home
 from .objectives import ProxyObjective, SpeedObjective, measure_draft_cost
-from .search import SearchResult, search
+from .search import SearchResult, check_state, search
 
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
@@ -121,6 +121,7 @@ def tune_self_spec(target: Runner, opts: TuneOptions, progress: bool = True) -> 
                 "draft_kernels": opts.draft_kernels}
     state = Path(opts.state_dir) if opts.state_dir else (
         selfspec_home() / "tune" / f"{model_key(target.name)}-{opts.objective}-{backend}")
+    check_state(state, settings, opts.fresh)  # before the minutes of measuring below
     objective: SpeedObjective | ProxyObjective
     extra: dict[str, object]
     if opts.objective == "speed":
