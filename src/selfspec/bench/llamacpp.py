@@ -8,10 +8,11 @@ GGUF requantized to F32 with ``llama_model_quantize`` (cached in ``$SELFSPEC_HOM
 ``llama.cpp-q8_0`` on its Q8_0 requantization (**lossy**); ``--peers llama.cpp-f32`` runs only the
 F32 one. ``--peers openvino`` (the extra ``selfspec[openvino]``) runs OpenVINO GenAI's
 ``LLMPipeline``, which reads GGUF itself (block-quantized types and F16; not F32: "Unsupported
-quantization type"), on the model's own GGUF three ways: ``openvino-f32`` (its most exact: f32
-arithmetic, f32 KV cache, no dynamic quantization of activations; its weights are the GGUF's blocks,
-decompressed by OpenVINO), ``openvino`` (OpenVINO's default precision: **lossy**) and
-``openvino-pld`` (its prompt-lookup speculative decoding, as ``openvino-f32``). The model's own
+quantization type") three ways: ``openvino-f32`` (its most exact: f32 arithmetic, f32 KV cache, no
+dynamic quantization of activations, on the GGUF's F16 requantization: our fp32 weights rounded to
+f16; on SmolLM2's own Q4_1 blocks OpenVINO computes another function, its ids apart from ours from
+the first tokens), ``openvino`` (OpenVINO's default precision on the model's own GGUF: **lossy**)
+and ``openvino-pld`` (its prompt-lookup speculative decoding, as ``openvino-f32``). The model's own
 quantized GGUF on llama.cpp and OpenVINO's default precision change the weights or the arithmetic:
 reports label them lossy (:data:`LOSSY_PEERS`). They all
 decode greedily from the bench's own prompt token ids (chat template applied by our tokenizer; no
@@ -59,7 +60,11 @@ WORKER = Path(__file__).with_name("peer_worker.py")
 _ENGINE_ARGS = {"openvino-f32": ["--engine", "openvino", "--precision", "f32"],
                 OPENVINO: ["--engine", "openvino", "--precision", "default"],
                 "openvino-pld": ["--engine", "openvino", "--precision", "f32", "--prompt-lookup"]}
-_REQUANT = {LLAMA_CPP_F32: "f32", LLAMA_CPP_Q8: "q8_0"}
+_REQUANT = {LLAMA_CPP_F32: "f32", LLAMA_CPP_Q8: "q8_0", "openvino-f32": "f16", "openvino-pld": "f16"}
+"""The type each peer's GGUF is requantized to first (by llama.cpp). OpenVINO refuses F32 GGUFs, and
+decompresses SmolLM2's Q4_1 blocks into another function (ids apart from ``ar``'s from the first
+tokens on 10 of 10 prompts); on the F16 requantization at f32 precision its ids equal ``ar``'s (10
+of 10, 2026-11-30, AVX2): F16 holds the Q4_1 values up to f16 rounding."""
 
 
 def expand_peers(peers: list[str]) -> list[str]:
@@ -78,8 +83,8 @@ def engine_args(peer: str) -> list[str]:
 
 
 def requant(peer: str) -> str | None:
-    """The type (``f32``, ``q8_0``) ``peer`` requantizes the model's GGUF to (with llama.cpp) before
-    it runs it, or None: it runs the GGUF as shipped."""
+    """The type (``f32``, ``f16``, ``q8_0``) ``peer`` requantizes the model's GGUF to (with llama.cpp)
+    before it runs it, or None: it runs the GGUF as shipped."""
     return _REQUANT.get(peer)
 
 

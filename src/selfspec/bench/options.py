@@ -20,8 +20,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", default=BenchOptions.peers,
                    help=f"comma-separated peers: {', '.join((*PEERS, *WORKER_PEERS))} (llama.cpp: the model's own GGUF "
                         "(lossy) and its F32 requantization, through llama-cpp-python: pip install "
-                        "'selfspec[llamacpp]'; openvino: OpenVINO GenAI on the F32 GGUF at f32, on the own GGUF at "
-                        "its default precision (lossy) and its prompt lookup: pip install 'selfspec[openvino]')")
+                        "'selfspec[llamacpp]'; openvino: OpenVINO GenAI at f32 on the GGUF's F16 requantization (made "
+                        "by llama.cpp), on the own GGUF at its default precision (lossy) and its prompt lookup: pip "
+                        "install 'selfspec[openvino]' 'selfspec[llamacpp]')")
     p.add_argument("--llama-gguf", default=None, metavar="PATH",
                    help="the GGUF the llama.cpp and OpenVINO peers run (default: the model's own: a bundled model's "
                         "shipped GGUF or the .gguf --model names)")

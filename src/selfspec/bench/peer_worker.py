@@ -78,7 +78,8 @@ class OpenVinoBackend:
 
     ``precision``: ``f32`` is its most exact configuration: ``INFERENCE_PRECISION_HINT`` f32, an
     f32 KV cache and no dynamic quantization of activations (its GGUF reader takes block-quantized
-    and F16 GGUFs, not F32, so the weights are the GGUF's blocks, decompressed by OpenVINO);
+    and F16 GGUFs, not F32: the bench gives it the F16 requantization, see
+    :data:`selfspec.bench.llamacpp._REQUANT`);
     ``default`` leaves OpenVINO's own choice (bf16 or f16
     arithmetic where the CPU has it, an 8-bit KV cache, activations quantized dynamically for
     compressed weights: lossy). ``prompt_lookup``: its
