@@ -71,13 +71,36 @@ def run(args: argparse.Namespace) -> int:
     if _compiled_left_out(args, spec):
         print("selfspec: note: auto left out the compiled step (a static-shape verify step under torch.compile), "
               "whose steps are not compiled on this machine yet: `selfspec compile` compiles them once (minutes; "
-              "resumable), and auto then times it too (docs/performance.md, \"The compiled step\")",
-              file=sys.stderr)
+              "resumable), and auto then times it too (docs/performance.md, \"The compiled step\")"
+              + measured_after_compile(spec.target.name), file=sys.stderr)
     spec.save_cost_correction()
     if kw["temperature"] == 0 and not m.same_ids and s.lossless:
         print("selfspec: error: greedy outputs differ; please report this", file=sys.stderr)
         return 1
     return 0
+
+
+def measured_after_compile(model: str, family: str | None = None) -> str:
+    """What the default measured after ``selfspec compile`` on this CPU family (``family``; None:
+    this machine's), for the default model: a clause for the note above, from the headline runs the
+    package ships (``data/measured_defaults.json``, written by ``scripts/results_to_readme.py``);
+    empty when there is none for this model and family."""
+    import importlib.resources
+    import json
+
+    from ..core.machine import cpu_family
+    from ..paths import model_key
+
+    data = json.loads((importlib.resources.files("selfspec") / "data" / "measured_defaults.json").read_text())
+    fam = cpu_family() if family is None else family
+    row = data["families"].get(fam, {}).get("compiled")
+    if model_key(model) != data["model"] or not row or row.get("vs_generate") is None:
+        return ""
+    fresh = data["families"][fam].get("fresh") or {}
+    before = (f", against {fresh['vs_generate']:.2f}x on a fresh machine" if fresh.get("vs_generate") is not None
+              else "")
+    return (f". On this CPU family ({fam}) the default measured {row['vs_generate']:.2f}x `transformers` `generate` "
+            f"after it ({row['configuration']}{before}; {row['threads']} threads, {row['run']}, {row['date']})")
 
 
 def _compiled_left_out(args: argparse.Namespace, g: SpeculativeGenerator) -> bool:

@@ -57,6 +57,23 @@ def cpu_flags() -> str:
     return "+".join(f for f in wanted if f in have)
 
 
+CPU_FAMILIES = ("AVX2", "AVX-512 VNNI", "AMX Intel Xeon")
+"""The CPU families the README's headline table keeps one row pair for (see :func:`cpu_family`)."""
+
+
+def cpu_family(flags: str | None = None) -> str:
+    """The CPU family of ``flags`` (as :func:`cpu_flags` writes them; None: this machine's):
+    ``AMX Intel Xeon``, ``AVX-512 VNNI``, ``AVX2``, or ``unknown``."""
+    have = set((cpu_flags() if flags is None else flags).split("+")) - {""}
+    if "amx_int8" in have:
+        return "AMX Intel Xeon"
+    if "avx512_vnni" in have:
+        return "AVX-512 VNNI"
+    if "avx2" in have:
+        return "AVX2"
+    return "unknown"
+
+
 def cpu_busy(cpus: tuple[int, ...] | None) -> tuple[float, float] | None:
     """(busy, stolen) seconds of ``cpus`` (all when None) since boot; None where it cannot be
     read. Busy counts user, nice, system, irq, softirq and steal time."""
