@@ -100,7 +100,8 @@ def measured_after_compile(model: str, family: str | None = None) -> str:
     before = (f", against {fresh['vs_generate']:.2f}x on a fresh machine" if fresh.get("vs_generate") is not None
               else "")
     return (f". On this CPU family ({fam}) the default measured {row['vs_generate']:.2f}x `transformers` `generate` "
-            f"after it ({row['configuration']}{before}; {row['threads']} threads, {row['run']}, {row['date']})")
+            f"after `selfspec compile` ({row['configuration']}{before}; {row['threads']} threads, {row['run']}, "
+            f"{row['date']})")
 
 
 def _compiled_left_out(args: argparse.Namespace, g: SpeculativeGenerator) -> bool:
