@@ -46,6 +46,7 @@ def test_records_carry_commit_command_date_and_machine(tiny_dir, dataset, finish
     meta = json.loads((finished_run / "meta.json").read_text())
     assert meta["commits"] == [{"commit": commit, "dirty": dirty, "records": 3}]
     assert meta["environment"]["git"] == commit and meta["environment"]["dirty"] == dirty
+    assert meta["cpu_flags"] == cpu_flags()  # at the top level, as every results directory's meta.json has it
     ident = meta["identity"]
     assert ident["max_new_tokens"] == 4 and ident["prompts"] == 3 and ident["machine"] == machine_id()
     md = (finished_run / "report.md").read_text()

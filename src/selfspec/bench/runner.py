@@ -256,7 +256,7 @@ def load_contenders(b: BenchRun) -> None:
               "prompts": len(b.prompts), "per_category": args.per_category, "methods": b.methods,
               "kernels": b.backends, "peers": b.peers, "generation": b.gen, "repeats": args.repeats,
               "environment": environment(), "command": list(b.prov.command),
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_flags": b.prov.cpu_flags,
               "identity": args.identity(b.prompts, b.prov)}
     (b.out / "meta.json").write_text(json.dumps(b.meta, indent=1))
 
