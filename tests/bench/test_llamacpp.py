@@ -3,6 +3,7 @@ extra CI does not install), crashes reported as such, and one real run where it 
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import sys
@@ -145,6 +146,20 @@ def test_without_openvino_the_peer_is_a_one_line_error_with_the_install_command(
     assert bench(tiny_dir, dataset, tmp_path / "o", "--peers", "openvino") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'selfspec[openvino]'" in err and "openvino-genai" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_openvino_without_llama_cpp_names_the_f16_gguf_it_cannot_make(tiny_dir, dataset, tmp_path, monkeypatch,
+                                                                       capsys):
+    """OpenVINO installed, llama-cpp-python not: its f32 peers run on an F16 GGUF that llama.cpp makes."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llama_cpp" else (object() if name == "openvino_genai"
+                                                                           else real(name, *a)))
+    assert bench(tiny_dir, dataset, tmp_path / "o", "--peers", "openvino") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "openvino-f32" in err and "F16 GGUF" in err
+    assert "pip install 'selfspec[llamacpp]'" in err
     assert not (tmp_path / "o").exists()
 
 

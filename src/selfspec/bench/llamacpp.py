@@ -88,21 +88,25 @@ def requant(peer: str) -> str | None:
     return _REQUANT.get(peer)
 
 
-def require_llama_cpp() -> None:
+def require_llama_cpp(purpose: str = "the bench peer llama.cpp") -> None:
     """One-line error, with the install command, unless llama-cpp-python is installed (it is not
     imported here: only the worker process loads it)."""
     if importlib.util.find_spec("llama_cpp") is None:
-        raise missing_dependency("llama-cpp-python", "llamacpp", "the bench peer llama.cpp")
+        raise missing_dependency("llama-cpp-python", "llamacpp", purpose)
 
 
 def require_peers(peers: list[str]) -> None:
     """One-line error, with the install command, unless what ``peers`` need is installed:
-    llama-cpp-python for the llama.cpp peers (and any requantized GGUF), OpenVINO GenAI for the
-    OpenVINO peers (neither imported here)."""
-    if any(p in LLAMA_PEERS or requant(p) for p in peers):
-        require_llama_cpp()
+    OpenVINO GenAI for the OpenVINO peers, llama-cpp-python for the llama.cpp peers and for any
+    requantized GGUF (the OpenVINO f32 peers' F16 one); neither is imported here."""
     if any(p in OPENVINO_PEERS for p in peers) and importlib.util.find_spec("openvino_genai") is None:
         raise missing_dependency("openvino-genai", "openvino", "the bench peer openvino")
+    if any(p in LLAMA_PEERS for p in peers):
+        require_llama_cpp()
+    for p in peers:
+        kind = requant(p)
+        if kind is not None:
+            require_llama_cpp(f"the bench peer {p} (its {kind.upper()} GGUF is made by llama.cpp)")
 
 
 def model_gguf(model: str, given: str | None = None) -> Path:
