@@ -23,6 +23,7 @@ from pathlib import Path
 
 from selfspec.bench.records import read_records
 from selfspec.core.machine import CPU_FAMILIES, cpu_family
+from selfspec.models.bundled import DEFAULT_MODEL
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 RESULTS = Path("docs/results")
@@ -192,11 +193,6 @@ def defaults_line(reports: list[dict], int8: bool = False) -> str:
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # two-sided t, df = n - 1
 
 
-def family(flags: str) -> str:
-    """The CPU family of a run from its recorded flags."""
-    return cpu_family(flags)
-
-
 def per_repeat_rates(records: list[dict]) -> dict[str, dict[int, float]]:
     """tokens/s of every method and peer in every repeat (summed over the run's prompts)."""
     tok: dict[tuple[str, int], float] = {}
@@ -213,18 +209,21 @@ def per_repeat_rates(records: list[dict]) -> dict[str, dict[int, float]]:
     return out
 
 
+def ratios(rates: dict[str, dict[int, float]], a: str, b: str) -> list[float]:
+    """The ratio of ``a`` to ``b`` in each repeat both ran (empty: not both measured)."""
+    reps = sorted(set(rates.get(a, {})) & set(rates.get(b, {})))
+    return [rates[a][r] / rates[b][r] for r in reps]
+
+
 def ratio_mean(rates: dict[str, dict[int, float]], a: str, b: str) -> float | None:
     """mean ratio of ``a`` to ``b`` over the repeats both ran (None: not both measured)."""
-    reps = sorted(set(rates.get(a, {})) & set(rates.get(b, {})))
-    return round(sum(rates[a][r] / rates[b][r] for r in reps) / len(reps), 3) if reps else None
+    vals = ratios(rates, a, b)
+    return round(sum(vals) / len(vals), 3) if vals else None
 
 
 def ratio_ci(rates: dict[str, dict[int, float]], a: str, b: str) -> str:
     """mean ratio of ``a`` to ``b`` over the repeats both ran, with a 95% t interval (n >= 2)."""
-    if a not in rates or b not in rates:
-        return "-"
-    reps = sorted(set(rates[a]) & set(rates[b]))
-    vals = [rates[a][r] / rates[b][r] for r in reps]
+    vals = ratios(rates, a, b)
     if not vals:
         return "-"
     mean = sum(vals) / len(vals)
@@ -235,8 +234,6 @@ def ratio_ci(rates: dict[str, dict[int, float]], a: str, b: str) -> str:
     return f"**{mean:.2f}x** [{mean - half:.2f}, {mean + half:.2f}]"
 
 
-MEASURED: dict[str, dict[str, dict]] = {}
-"""What :func:`headline` found, per CPU family and stage; written to :data:`MEASURED_FILE`."""
 MEASURED_FILE = Path("src/selfspec/data/measured_defaults.json")
 """The headline figures as data the package ships: ``selfspec demo`` on a fresh machine says what the
 default measured after ``selfspec compile`` on this CPU family (``selfspec.cli.demo``)."""
@@ -252,17 +249,19 @@ def stage(rep: dict) -> str:
     return "fresh" if rep["dir"].name.endswith("-fresh") else "compiled"
 
 
-def headline(reports: list[dict]) -> str:
+def headline(reports: list[dict]) -> tuple[str, dict[str, dict[str, dict]]]:
     """The README's first table: per CPU family, the latest defaults run of the default model on a
     fresh machine and after ``selfspec compile`` (``scripts/bench_defaults.sh``: runs named
     ``defaults-smollm2*``), against ``generate`` and the engines a CPU user would run instead, with
-    95% intervals over repeats."""
+    95% intervals over repeats; and the figures of each row, per family and stage (for
+    :data:`MEASURED_FILE`)."""
     latest: dict[tuple[str, str], dict] = {}
+    measured: dict[str, dict[str, dict]] = {}  # per family and stage, for MEASURED_FILE
     for rep in reports:
         if not rep["dir"].name.startswith("defaults-smollm2"):
             continue
         env = rep["meta"]["environment"]
-        key = (family(env.get("cpu_flags", "")), stage(rep))
+        key = (cpu_family(env.get("cpu_flags", "")), stage(rep))
         recs = read_records(rep["dir"])
         stamps = [r["time"] for r in recs if isinstance(r.get("time"), (int, float))]
         when = time.strftime("%Y-%m-%d", time.gmtime(max(stamps))) if stamps else ""
@@ -270,7 +269,7 @@ def headline(reports: list[dict]) -> str:
         if key not in latest or when > latest[key]["when"]:
             latest[key] = rep
     if not latest:
-        return ""
+        return "", measured
     lines = ["| CPU (flags) | machine | default configuration | vs `transformers` `generate` | "
              + " | ".join(label for _, label in PEER_COLUMNS)
              + " | vs `ar` | vs best fixed configuration | identical to `ar` | repeats | measured at |",
@@ -293,7 +292,7 @@ def headline(reports: list[dict]) -> str:
             peers = " | ".join(ratio_ci(rates, auto, p) if p in summ and summ[p].get("tokens_per_s")
                                else ("**failed**" if p in summ else "not measured") for p, _ in PEER_COLUMNS)
             commit = str(env.get("git", "?"))[:12]
-            MEASURED.setdefault(fam, {})[st] = {
+            measured.setdefault(fam, {})[st] = {
                 "configuration": auto, "vs_generate": ratio_mean(rates, auto, "hf"),
                 "vs_ar": ratio_mean(rates, auto, ar), "vs_llama_cpp_f32": ratio_mean(rates, auto, "llama.cpp-f32"),
                 "identical_to_ar": summ[auto].get("identical"), "threads": env.get("threads"),
@@ -328,7 +327,7 @@ def headline(reports: list[dict]) -> str:
             "machine (README command 1 before `selfspec compile`: `auto` chooses among the eager backends) and "
             "after `selfspec compile` has saved its steps (`auto` then times the `compiled` backend too). A family "
             "keeps its last run until someone re-measures it.\n\n"
-            + "\n".join(lines) + "\n\n")
+            + "\n".join(lines) + "\n\n"), measured
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -380,7 +379,8 @@ def main() -> None:
     text = readme.read_text()
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
-    body = (f"{headline(reports)}{defaults_line(reports)}{defaults_line(reports, int8=True)}"
+    table, measured = headline(reports)
+    body = (f"{table}{defaults_line(reports)}{defaults_line(reports, int8=True)}"
             "Every run in full, and each method at its best measured configuration (on the flags that run passed): "
             "[docs/results/README.md](docs/results/README.md).")
     readme.write_text(f"{head}{START}\n{body}\n{END}{tail}")
@@ -388,7 +388,7 @@ def main() -> None:
         "note": "generated by scripts/results_to_readme.py from docs/results: per CPU family, the latest defaults run "
                 "of the default model (scripts/bench_defaults.sh) on a fresh machine and after `selfspec compile`; "
                 "ratios of tokens/s measured in one run, mean over its repeats",
-        "model": "smollm2-135m-instruct", "families": MEASURED}, indent=1, ensure_ascii=False) + "\n")
+        "model": DEFAULT_MODEL, "families": measured}, indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
