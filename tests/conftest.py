@@ -90,8 +90,30 @@ def tiny_model(family: str = "llama", seed: int = 0, layers: int = 3, vocab: int
     return model.eval()
 
 
-def save_tiny(path: Path, family: str = "llama", seed: int = 0, layers: int = 3) -> Path:
+def gguf_rounded(w: torch.Tensor, kind: str) -> torch.Tensor:
+    """``w[N, K]`` rounded as llama.cpp quantises and dequantises it (32-weight blocks): ``Q4_1``
+    (``fl32(d * q + m)``, 4-bit codes, fp16 ``d`` and ``m``) or ``Q8_0`` (``d * q``, int8 codes,
+    fp16 ``d``). The fp32 weights of a model bundled from a GGUF file are such values."""
+    g = w.detach().float().reshape(w.shape[0], -1, 32)
+    if kind == "Q8_0":
+        d = (g.abs().amax(-1, keepdim=True) / 127).half().float()
+        return (torch.round(g / d).clamp(-127, 127) * d).reshape(w.shape)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    d = (hi - lo) / 15
+    q = torch.floor((g - lo) / d + 0.5).clamp(0, 15)
+    return (q * d.half().float() + lo.half().float()).reshape(w.shape)
+
+
+def save_tiny(path: Path, family: str = "llama", seed: int = 0, layers: int = 3, gguf: bool = False) -> Path:
+    """A :func:`tiny_model` saved with its tokenizer; with ``gguf``, its layers' weights rounded to
+    Q4_1 blocks and its LM head to Q8_0 ones, as a model bundled from a GGUF file (the ``compact``
+    kernels read them as such)."""
     model = tiny_model(family, seed, layers)
+    if gguf:
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.copy_(gguf_rounded(module.weight, "Q8_0" if name == "lm_head" else "Q4_1"))
     model.generation_config.eos_token_id = 2
     model.save_pretrained(path, safe_serialization=True)
     make_tokenizer().save_pretrained(path)
@@ -106,6 +128,18 @@ def tiny_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen_dir(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny-qwen"), "qwen2", 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_dir(tmp_path_factory) -> Path:
+    """The tiny Llama with GGUF-rounded weights (Q4_1 layers, Q8_0 LM head)."""
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama-gguf"), "llama", 0, gguf=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_gguf_dir(tmp_path_factory) -> Path:
+    """The tiny Qwen2 (q/k/v biases) with GGUF-rounded weights."""
+    return save_tiny(tmp_path_factory.mktemp("tiny-qwen-gguf"), "qwen2", 1, gguf=True)
 
 
 @pytest.fixture(scope="session")

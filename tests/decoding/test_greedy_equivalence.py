@@ -10,6 +10,7 @@ import torch
 import selfspec
 from selfspec.core.tree import DraftTree
 from selfspec.drafters.scripted import ScriptedDrafter
+from selfspec.kernels.compact import available as compact_available
 from selfspec.models.loading import load_model
 
 from ..conftest import TEST_DEVICE, VOCAB, prompt_ids
@@ -41,7 +42,7 @@ class InvariantChecker(Wrapped):
         return self.inner.propose(state, budget)
 
 
-BACKENDS = [(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8", "compiled")]
+BACKENDS = [(f, k) for f in ("llama", "qwen2") for k in ("stock", "onednn", "int8", "compiled", "compact")]
 
 
 def _backend(p: tuple[str, str], marks=()):
@@ -59,11 +60,18 @@ ALL_BACKENDS = pytest.mark.parametrize(
 
 
 @pytest.fixture(scope="module", params=[_backend(p, () if p[1] == "stock" else pytest.mark.matrix) for p in BACKENDS])
-def target(request, tiny_dir, tiny_qwen_dir):
+def target(request, tiny_dir, tiny_qwen_dir, tiny_gguf_dir, tiny_qwen_gguf_dir):
     family, kernels = request.param
-    if kernels in ("onednn", "int8") and TEST_DEVICE != "cpu":  # `compiled` runs on every device
+    if kernels in ("onednn", "int8", "compact") and TEST_DEVICE != "cpu":  # `compiled` runs on every device
         pytest.skip(f"the {kernels} kernels run on the CPU only")
-    t = load_model(str(tiny_dir if family == "llama" else tiny_qwen_dir), device=TEST_DEVICE, kernels=kernels)
+    if kernels == "compact":  # its kernel reads GGUF blocks: the tiny models with GGUF-rounded weights
+        reason = compact_available(torch.device("cpu"), torch.float32)
+        if reason:
+            pytest.skip(reason)
+        path = tiny_gguf_dir if family == "llama" else tiny_qwen_gguf_dir
+    else:
+        path = tiny_dir if family == "llama" else tiny_qwen_dir
+    t = load_model(str(path), device=TEST_DEVICE, kernels=kernels)
     assert t.backend == kernels
     return t
 
@@ -120,8 +128,8 @@ def test_pld_matches_generate(target, references, k):
 
 
 @pytest.mark.parametrize("draft", ["self", "other"])
-def test_draft_model_matches_generate(target, references, draft, tiny_dir, tiny_qwen_dir, tiny_draft_dir):
-    own = tiny_dir if target.model.config.model_type == "llama" else tiny_qwen_dir
+def test_draft_model_matches_generate(target, references, draft, tiny_draft_dir):
+    own = target.path  # the target's own directory (the GGUF-rounded one on compact)
     g = selfspec.load(target, "draft-model", draft_model=str(own if draft == "self" else tiny_draft_dir),
                       k=3, auto_k=False, self_test=False)
     g.drafter = InvariantChecker(g.drafter)

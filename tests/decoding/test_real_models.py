@@ -56,11 +56,15 @@ def test_smollm2_greedy_matches_generate(smollm2, smol_refs, method, opts):
 FAST_KERNEL_PROMPTS = 10
 
 
-@pytest.fixture(scope="module", params=["onednn", "int8"])
+@pytest.fixture(scope="module", params=["onednn", "int8", "compact"])
 def smol_fast(request):
     """A private SmolLM2 on a fast backend (the shared fixture stays on stock)."""
+    from selfspec.kernels.compact import available as compact_available
     from selfspec.kernels.int8 import fast_cpu_int8
     from selfspec.models.loading import load_model
+
+    if request.param == "compact" and compact_available(torch.device("cpu"), torch.float32):
+        pytest.skip(compact_available(torch.device("cpu"), torch.float32))
 
     if request.param == "int8" and not fast_cpu_int8():
         pytest.skip("int8 here uses the exact but slow torch._int_mm fallback (this torch build has no exact "
@@ -77,7 +81,7 @@ def smol_fast(request):
 ])
 @pytest.mark.real_model
 def test_smollm2_fast_kernels_greedy(smol_fast, smol_refs, method, opts):
-    """onednn (fp32): identical to ``transformers`` ``generate`` on the stock fp32 model. int8: identical to
+    """onednn and compact (fp32): identical to ``transformers`` ``generate`` on the stock fp32 model. int8: identical to
     ``generate`` on the same int8 model (it is a different model from the fp32 one)."""
     prompts, refs = smol_refs
     prompts = prompts[:FAST_KERNEL_PROMPTS]  # the stock tests above cover more

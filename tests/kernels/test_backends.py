@@ -81,12 +81,12 @@ def test_load_defaults_to_auto_kernels(tiny_dir, monkeypatch):
 
 
 def test_unknown_kernels_are_refused(tiny_dir):
-    with pytest.raises(SelfspecError, match="unknown kernels .fast.*auto, stock, onednn, int8, compiled"):
+    with pytest.raises(SelfspecError, match="unknown kernels .fast.*auto, stock, onednn, int8, compiled, compact"):
         load_model(str(tiny_dir), kernels="fast")
     t = load_model(str(tiny_dir))
     with pytest.raises(SelfspecError, match="unknown kernels"):
         t.runner("int4")
-    assert KERNELS == ("auto", "stock", "onednn", "int8", "compiled")
+    assert KERNELS == ("auto", "stock", "onednn", "int8", "compiled", "compact")
 
 
 def test_onednn_needs_fp32(tiny_dir):

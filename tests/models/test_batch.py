@@ -16,6 +16,7 @@ import torch
 
 import selfspec
 from selfspec.errors import SelfspecError
+from selfspec.kernels.compact import available as compact_available
 from selfspec.kernels.onednn import available as onednn_available
 from selfspec.models import batch
 from selfspec.models.loading import load_model
@@ -23,7 +24,9 @@ from selfspec.models.loading import load_model
 from ..conftest import prompt_ids
 
 NO_ONEDNN = onednn_available(torch.device("cpu"), torch.float32)
-KERNELS = [pytest.param("onednn", marks=pytest.mark.skipif(NO_ONEDNN is not None, reason=str(NO_ONEDNN))), "int8"]
+NO_COMPACT = compact_available(torch.device("cpu"), torch.float32)
+KERNELS = [pytest.param("onednn", marks=pytest.mark.skipif(NO_ONEDNN is not None, reason=str(NO_ONEDNN))), "int8",
+           pytest.param("compact", marks=pytest.mark.skipif(NO_COMPACT is not None, reason=str(NO_COMPACT)))]
 
 
 def requests(seed: int, n: int) -> tuple[list[list[int]], list[int]]:
@@ -37,9 +40,21 @@ def base(tiny_dir):
     return load_model(str(tiny_dir)).base
 
 
+@pytest.fixture(scope="module")
+def gguf_base(tiny_gguf_dir):
+    """The tiny model with GGUF-rounded weights, whose layers the compact kernels read as blocks."""
+    return load_model(str(tiny_gguf_dir)).base
+
+
+def model_for(kernels: str, request):
+    """The model a backend's batch test runs: the GGUF-rounded one on compact, else the plain one."""
+    return request.getfixturevalue("gguf_base" if kernels == "compact" else "base")
+
+
 @pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("method", ["ar", "pld", pytest.param("self-spec", marks=pytest.mark.matrix)])
-def test_every_request_in_a_batch_gives_its_solo_ids(base, kernels, method):
+def test_every_request_in_a_batch_gives_its_solo_ids(kernels, method, request):
+    base = model_for(kernels, request)
     opts = dict(skip_attention=(1,), skip_mlp=(0,), k=3, auto_k=False) if method == "self-spec" else {}
     g = selfspec.load(base.runner(kernels), method=method, kernels=kernels, self_test=False, **opts)
     prompts, lengths = requests(1, 4)
@@ -163,7 +178,7 @@ def test_a_stopped_batch_answers_every_waiting_request(base):
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
-def test_a_requests_logits_in_a_packed_forward_are_its_solo_logits_bit_for_bit(base, kernels):
+def test_a_requests_logits_in_a_packed_forward_are_its_solo_logits_bit_for_bit(kernels, request):
     """The promise below the ids: on a row-invariant backend, each request's logits in a packed
     forward equal those of the same block run alone (``forward_block`` on its own cache), bit for
     bit, for one-token blocks (which attend with no mask, as a solo step does: with an all-True mask
@@ -172,7 +187,7 @@ def test_a_requests_logits_in_a_packed_forward_are_its_solo_logits_bit_for_bit(b
     from selfspec.core import kv_cache
     from selfspec.models.adapter import forward_block
 
-    runner = base.runner(kernels)
+    runner = model_for(kernels, request).runner(kernels)
     packed, inner = runner.packed, runner.model.config._attn_implementation
     prompts = [prompt_ids(300 + i, n) for i, n in enumerate((5, 13, 29))]
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a root and two children

@@ -104,8 +104,10 @@ def add_model_args(p: argparse.ArgumentParser, method: bool = True, many: bool =
                    help="linear-layer backend: auto (default, or $SELFSPEC_KERNELS: the fp32 backend that decodes "
                         "fastest here, chosen with the method, measured once and cached), stock (PyTorch's "
                         "kernels), onednn (fp32 prepacked, CPU), int8 (QUANTISED model: lossless w.r.t. the "
-                        "int8 model, not the fp32 one) or compiled (onednn kernels on CPU, verification through a "
-                        "static-shape step under torch.compile: each block size compiles once, minutes on a "
+                        "int8 model, not the fp32 one), compact (fp32 products that read each weight as the GGUF block "
+                        "it came from, Q4_1 or Q8_0, proven bit for bit at load; CPU with AVX2, builds its kernel "
+                        "once with g++; lossless w.r.t. ar on it) or compiled (onednn kernels on CPU, verification "
+                        "through a static-shape step under torch.compile: each block size compiles once, minutes on a "
                         "small CPU, cached in $SELFSPEC_HOME/compile; lossless w.r.t. ar on it)"
                         + ("; comma-separated to compare backends in one run" if many else ""))
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom modelling code (off by default)")

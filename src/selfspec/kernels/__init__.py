@@ -4,6 +4,9 @@
 - ``onednn``: fp32 weights prepacked for oneDNN (CPU); same model, different rounding.
 - ``int8``: int8 weights and per-token int8 activations with integer accumulation; changes the
   model (opt-in), exact with respect to the quantised model.
+- ``compact``: fp32 products that read each weight as the GGUF block it came from (Q4_1, Q8_0),
+  proven bit for bit at load and decompressed in registers; layers that are not such blocks run on
+  oneDNN. Same model, different rounding (:mod:`selfspec.kernels.compact`).
 - ``compiled``: the ``onednn`` layers (fp32 on the CPU; elsewhere the stock ones), verified
   through a static-shape step compiled by ``torch.compile`` (:mod:`selfspec.models.compiled_step`):
   fp32, a different operation order, so lossless with respect to ``ar`` on the same backend.
@@ -19,7 +22,7 @@ from ..errors import SelfspecError
 from .backends import install_backend
 from .swap import current_backend, release_originals, released
 
-KERNELS = ("auto", "stock", "onednn", "int8", "compiled")
+KERNELS = ("auto", "stock", "onednn", "int8", "compiled", "compact")
 
 
 def default_kernels() -> str:

@@ -1,4 +1,4 @@
-"""Putting a model on one concrete backend (``stock``, ``onednn``, ``int8``).
+"""Putting a model on one concrete backend (``stock``, ``onednn``, ``int8``, ``compact``, ``compiled``).
 
 Below both :mod:`selfspec.kernels` (which adds ``auto`` and the checks of a name) and
 :mod:`selfspec.kernels.auto` (which times the concrete fp32 backends), so neither imports the other.
@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from .bf16 import Bf16Linear
+from .compact import CompactLinear, compact_linear, load_ops
+from .compact import apply as apply_compact
 from .gqa_attention import STATIC_NAME
 from .int8 import Int8Linear
 from .int8 import apply as apply_int8
@@ -38,6 +40,8 @@ def install_backend(model: nn.Module, kernels: str) -> None:
         apply_onednn(model)
     elif kernels == "int8":
         apply_int8(model)
+    elif kernels == "compact":
+        apply_compact(model)
     elif kernels == "compiled":
         if compiled_layers(next(model.parameters())) == "onednn":
             share_products(model)  # q/k/v and gate/up: one product each in the step
@@ -79,6 +83,11 @@ def convert_linear(layer: nn.Linear | SwappedLinear, kernels: str) -> nn.Module:
         return OneDNNLinear(layer)
     if kernels == "int8":
         return Int8Linear(layer)
+    if kernels == "compact":
+        compact = compact_linear(layer)
+        if isinstance(compact, CompactLinear):
+            load_ops()
+        return compact
     if kernels == "bf16":  # draft-only kernels (a reduced-vocabulary draft LM head)
         return Bf16Linear(layer)
     return layer

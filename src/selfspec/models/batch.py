@@ -36,7 +36,7 @@ from .adapter import BOOL_MASK_IMPLS, FULL, SLIDING, BlockOutput, attention_mask
 
 PACKED_NAME = "selfspec_packed"
 """The attention function of a packed module tree (registered with ``transformers.AttentionInterface``)."""
-ROW_INVARIANT = ("onednn", "int8")
+ROW_INVARIANT = ("onednn", "int8", "compact")
 """Backends whose rows are bit-identical whatever the number of rows multiplied together (each
 promises it and checks it at load), so a request's output does not depend on its batch."""
 

@@ -66,7 +66,7 @@ class LoadedModel:
 
     def runner(self, kernels: str) -> Runner:
         """The runner of this model on concrete backend ``kernels`` (``stock``, ``onednn``,
-        ``int8``, ``compiled``): built on first use (the backend's layers installed on a module
+        ``int8``, ``compiled``, ``compact``): built on first use (the backend's layers installed on a module
         tree of its own), then the same object every time. Thread-safe."""
         from ..kernels import KERNELS
 
@@ -233,8 +233,8 @@ class Runner:
         with self._lock:
             if self._packed is None:
                 if self.backend == "compiled":
-                    raise SelfspecError("batched decoding runs on the eager backends (stock, onednn, int8), not on "
-                                        "compiled's static-shape step; use --kernels onednn")
+                    raise SelfspecError("batched decoding runs on the eager backends (stock, onednn, int8, compact), "
+                                        "not on compiled's static-shape step; use --kernels onednn")
                 tree = share_copy(self.model)
                 use_attention(tree, PACKED_NAME)
                 self._packed = tree

@@ -1,0 +1,112 @@
+"""The ``compact`` backend: weights read as the GGUF blocks they are (proven bit for bit), fp32
+sums, and a row's result independent of the block it comes in."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from selfspec.errors import SelfspecError
+from selfspec.kernels import current_backend
+from selfspec.kernels.compact import (
+    CompactLinear,
+    _build,
+    available,
+    compact_linear,
+    load_ops,
+    q4_1_blocks,
+    q8_0_blocks,
+)
+from selfspec.kernels.onednn import OneDNNLinear
+from selfspec.kernels.swap import linear_layers
+from selfspec.models.loading import load_model
+
+from ..conftest import gguf_rounded
+
+NO_COMPACT = available(torch.device("cpu"), torch.float32)
+pytestmark = pytest.mark.skipif(NO_COMPACT is not None, reason=str(NO_COMPACT))
+PROVERS = {"Q4_1": q4_1_blocks, "Q8_0": q8_0_blocks}
+
+
+def layer_of(w: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    load_ops()
+    return compact_linear(lin)
+
+
+@pytest.mark.parametrize("kind", list(PROVERS))
+def test_provers_find_blocks_and_refuse_other_weights(kind):
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * 0.1
+    assert PROVERS[kind](w) is None  # plain fp32 weights are no blocks
+    rounded = gguf_rounded(w, kind)
+    assert PROVERS[kind](rounded) is not None
+    rounded[3, 7] = torch.nextafter(rounded[3, 7], torch.tensor(1.0))  # one weight one ulp off
+    assert PROVERS[kind](rounded) is None
+    assert PROVERS[kind](gguf_rounded(w, kind)[:, :100]) is None  # K not a whole number of blocks
+
+
+@pytest.mark.parametrize("kind", list(PROVERS))
+def test_the_kernel_reads_the_fp32_weights_bit_for_bit(kind):
+    w = gguf_rounded(torch.randn(96, 160, generator=torch.Generator().manual_seed(1)) * 0.2, kind)
+    layer = layer_of(w)
+    assert isinstance(layer, CompactLinear) and layer.kind == kind
+    assert torch.equal(layer(torch.eye(160)), w.t())  # one-hot rows read every weight back
+
+
+@pytest.mark.parametrize("kind", list(PROVERS))
+def test_a_rows_result_does_not_depend_on_its_block(kind):
+    g = torch.Generator().manual_seed(2)
+    w = gguf_rounded(torch.randn(80, 192, generator=g) * 0.2, kind)
+    bias = torch.randn(80, generator=g)
+    layer = layer_of(w, bias)
+    x = torch.randn(17, 192, generator=g)
+    full = layer(x)
+    for rows in (1, 2, 3, 8, 16):
+        assert torch.equal(layer(x[:rows]), full[:rows])
+    assert torch.equal(layer(x[5:6]), full[5:6])
+    assert torch.equal(layer(x.reshape(1, 17, 192))[0], full)  # leading dimensions
+    torch.testing.assert_close(full, x @ w.t() + bias, rtol=1e-5, atol=1e-5)  # the same product, other order
+
+
+def test_the_backend_reads_blocks_where_they_are_and_onednn_elsewhere(tiny_gguf_dir, tiny_dir, caplog):
+    t = load_model(str(tiny_gguf_dir))
+    with caplog.at_level(logging.INFO, logger="selfspec.kernels"):
+        c = t.runner("compact")
+    layers = {name: m for _, name, m in linear_layers(c.model)}
+    assert all(isinstance(m, CompactLinear) for m in layers.values())
+    assert layers["lm_head"].kind == "Q8_0" and layers["q_proj"].kind == "Q4_1"
+    assert current_backend(c.model) == "compact" and current_backend(t.model) == "stock"
+    assert "22 of 22 linear layers read their GGUF blocks (21 Q4_1, 1 Q8_0" in caplog.text
+    ids = torch.tensor([[5, 9, 11, 4, 30, 7]])
+    with torch.inference_mode():
+        torch.testing.assert_close(c.model(input_ids=ids).logits, t.model(input_ids=ids).logits, rtol=1e-4,
+                                   atol=1e-4)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="selfspec.kernels"):
+        plain = load_model(str(tiny_dir)).runner("compact")  # random fp32 weights: no blocks
+    assert all(isinstance(m, OneDNNLinear) for _, _, m in linear_layers(plain.model))
+    assert "0 of 22 linear layers" in caplog.text and "22 stay fp32 on oneDNN" in caplog.text
+
+
+def test_compact_needs_fp32(tiny_gguf_dir):
+    with pytest.raises(SelfspecError, match="fp32 only"):
+        load_model(str(tiny_gguf_dir), dtype="bfloat16", kernels="compact")
+
+
+def test_without_a_compiler_it_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert "install g++" in available(torch.device("cpu"), torch.float32)
+
+
+def test_a_failed_build_is_one_line_naming_another_backend(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that fails
+    with pytest.raises(SelfspecError, match=r"building the compact kernel failed .*use --kernels onednn"):
+        _build(tmp_path / "compact-test.so")
+    assert not (tmp_path / "compact-test.so").exists()
