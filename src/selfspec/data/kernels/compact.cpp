@@ -20,6 +20,7 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -52,48 +53,79 @@ inline void q8_0_block(const int8_t* codes, float d, __m256 w[4]) {
     }
 }
 
-// out[M, N] = x[M, K] @ W.T, W's row n decompressed block by block by `block(n, g, w)`
+// the sum of row x[0..K) against the decompressed weights, in the one fixed order every row uses
+template <typename Weights>
+inline float dot(const float* x, int64_t G, Weights weights) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    __m256 w[4];
+    for (int64_t g = 0; g < G; ++g) {
+        weights(g, w);
+        const float* xg = x + g * 32;
+        a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xg), a0);
+        a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), a1);
+        a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), a2);
+        a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), a3);
+    }
+    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+// dot for two rows at once over the same decompressed weights (in B): each row's accumulators and
+// operations are dot's, interleaved so that the two rows' multiply-adds overlap
+inline void dot2(const float* x, const float* y, const float* B, int64_t G, float* ox, float* oy) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+        const float* w = B + g * 32;
+        const float* xg = x + g * 32;
+        const float* yg = y + g * 32;
+        const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+        const __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), a0);
+        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(yg), b0);
+        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), a1);
+        b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(yg + 8), b1);
+        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), a2);
+        b2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(yg + 16), b2);
+        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), a3);
+        b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(yg + 24), b3);
+    }
+    *ox = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    *oy = hsum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+}
+
+// out[M, N] = x[M, K] @ W.T, W's row n decompressed block by block by `block(n, g, w)`. One row
+// (a decode step) decompresses in registers; several rows (a verify block, a batch) decompress a
+// weight row once into a buffer and run each row's sum over it: the same weights, the same
+// operations in the same order (dot), so each row's result is the same as alone, bit for bit.
+constexpr int64_t ROWS = 8;
+
 template <typename Block>
 void product(const float* X, float* O, int64_t M, int64_t K, int64_t N, Block block) {
     const int64_t G = K / 32;
-    if (M == 1) {  // the same operations as below, the accumulators in registers
-        at::parallel_for(0, N, 4, [&](int64_t n0, int64_t n1) {
-            __m256 w[4];
+    at::parallel_for(0, N, 4, [&](int64_t n0, int64_t n1) {
+        std::vector<float> buf(M > 1 ? static_cast<size_t>(K) : 0);
+        for (int64_t n = n0; M == 1 && n < n1; ++n) {
+            O[n] = dot(X, G, [&](int64_t g, __m256 w[4]) { block(n, g, w); });
+        }
+        if (M == 1) return;
+        // tiles of ROWS rows, so their x stays in the L1 cache across the weight rows
+        for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
+            const int64_t r1 = std::min(M, r0 + ROWS);
             for (int64_t n = n0; n < n1; ++n) {
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+                __m256 w[4];
                 for (int64_t g = 0; g < G; ++g) {
                     block(n, g, w);
-                    const float* xg = X + g * 32;
-                    a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xg), a0);
-                    a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), a1);
-                    a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), a2);
-                    a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), a3);
+                    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(buf.data() + g * 32 + 8 * j, w[j]);
                 }
-                O[n] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-            }
-        });
-        return;
-    }
-    at::parallel_for(0, N, 4, [&](int64_t n0, int64_t n1) {
-        std::vector<__m256> acc(static_cast<size_t>(4 * M));
-        __m256 w[4];
-        for (int64_t n = n0; n < n1; ++n) {
-            for (auto& a : acc) a = _mm256_setzero_ps();
-            for (int64_t g = 0; g < G; ++g) {
-                block(n, g, w);  // once per block, for every row
-                for (int64_t r = 0; r < M; ++r) {
-                    const float* xg = X + r * K + g * 32;
-                    __m256* a = acc.data() + 4 * r;
-                    a[0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xg), a[0]);
-                    a[1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), a[1]);
-                    a[2] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), a[2]);
-                    a[3] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), a[3]);
+                const float* B = buf.data();
+                int64_t r = r0;
+                for (; r + 1 < r1; r += 2) dot2(X + r * K, X + (r + 1) * K, B, G, O + r * N + n, O + (r + 1) * N + n);
+                if (r < r1) {
+                    O[r * N + n] = dot(X + r * K, G, [&](int64_t g, __m256 v[4]) {
+                        for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(B + g * 32 + 8 * j);
+                    });
                 }
-            }
-            for (int64_t r = 0; r < M; ++r) {
-                const __m256* a = acc.data() + 4 * r;
-                O[r * N + n] = hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
             }
         }
     });
