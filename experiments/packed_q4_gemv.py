@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from selfspec.kernels.compact import q8_0_blocks
 from selfspec.kernels.gemv import BLOCK, blocked, gemv
 
 GROUP = 32  # weights per Q4_1 block
@@ -72,21 +73,6 @@ def q4_1_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         if bool(ok.all()):
             return q.to(torch.uint8).reshape(n, k), d, m
     return None
-
-
-def q8_0_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The Q8_0 codes of ``w[N, K]`` if every 32-weight block is ``d * q`` for the fp16 ``d`` =
-    ``amax / 127`` and int8 codes ``q``, proven bit for bit; else None. Returns ``q[N, K]`` int8 and
-    ``d[N, K / 32]`` fp32."""
-    n, k = w.shape
-    if k % GROUP:
-        return None
-    g = w.reshape(n, k // GROUP, GROUP)
-    d = (g.abs().amax(-1) / 127).half().float()
-    q = torch.round(g / torch.where(d > 0, d, torch.ones_like(d))[..., None]).clamp(-127, 127)
-    if not bool(((q * d[..., None]) == g).all()):
-        return None
-    return q.to(torch.int8).reshape(n, k), d
 
 
 def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, nibbles: bool) -> tuple[torch.Tensor, ...]:
