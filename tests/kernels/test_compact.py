@@ -66,12 +66,14 @@ def test_a_rows_result_does_not_depend_on_its_block(kind):
     w = gguf_rounded(torch.randn(80, 192, generator=g) * 0.2, kind)
     bias = torch.randn(80, generator=g)
     layer = layer_of(w, bias)
-    x = torch.randn(17, 192, generator=g)
+    x = torch.randn(41, 192, generator=g)  # more rows than one pass over a weight tile reads (32)
     full = layer(x)
-    for rows in (1, 2, 3, 8, 16):
+    for rows in (1, 2, 3, 4, 5, 7, 8, 16, 33):  # whole and partial register tiles (4 rows)
         assert torch.equal(layer(x[:rows]), full[:rows])
-    assert torch.equal(layer(x[5:6]), full[5:6])
-    assert torch.equal(layer(x.reshape(1, 17, 192))[0], full)  # leading dimensions
+    for r in (5, 31, 32, 40):
+        assert torch.equal(layer(x[r:r + 1]), full[r:r + 1])
+    assert layer(x[:0]).shape == (0, 80)  # no rows (a packed forward that keeps no logits)
+    assert torch.equal(layer(x.reshape(1, 41, 192))[0], full)  # leading dimensions
     torch.testing.assert_close(full, x @ w.t() + bias, rtol=1e-5, atol=1e-5)  # the same product, other order
 
 
@@ -112,7 +114,28 @@ def test_a_failed_build_is_one_line_naming_another_backend(monkeypatch, tmp_path
     assert not (tmp_path / "compact-test.so").exists()
 
 
-def test_auto_leaves_compact_out_unless_asked(tiny_gguf_dir):
+def test_auto_times_compact_instead_of_onednn_where_the_weights_are_blocks(tiny_gguf_dir, tiny_dir):
     from selfspec.kernels.auto import candidates
 
-    assert "compact" not in candidates(load_model(str(tiny_gguf_dir)).model)  # opt-in: --kernels compact
+    assert candidates(load_model(str(tiny_gguf_dir)).model) == ["stock", "compact"]
+    assert "compact" not in candidates(load_model(str(tiny_dir)).model)  # random weights: no blocks to read
+
+
+def test_auto_builds_the_kernel_before_its_clock_starts(tiny_gguf_dir, monkeypatch):
+    """The build is a compiler process: timed inside the calibration it would spend the budget and
+    make the machine look busy (it did: auto then kept plain decoding)."""
+    import selfspec
+    import selfspec.autoselect.configure as configure
+    from selfspec.kernels import compact
+
+    events: list[str] = []
+    real_load, real_choose = compact.load_ops, configure.choose
+    monkeypatch.setattr(compact, "load_ops", lambda: (events.append("build"), real_load())[1])
+
+    def choose(*args, **kwargs):
+        events.append("clock")
+        return real_choose(*args, **kwargs)
+
+    monkeypatch.setattr(configure, "choose", choose)
+    g = selfspec.load(str(tiny_gguf_dir), method="pld", kernels="auto", self_test=False, k=3)
+    assert events[:2] == ["build", "clock"] and g.kernels in ("stock", "compact")

@@ -24,6 +24,8 @@ from torch import nn
 
 from ..core import kv_cache
 from ..core.attention import decode_attention
+from .compact import available as compact_available
+from .compact import reads_blocks
 from .onednn import available as onednn_available
 
 if TYPE_CHECKING:
@@ -39,11 +41,13 @@ def candidates(model: nn.Module) -> list[str]:
     """The fp32 (lossless) backends that can run this model here."""
     p = next(model.parameters())
     out = ["stock"]
-    if onednn_available(p.device, p.dtype) is None:
+    if compact_available(p.device, p.dtype) is None and reads_blocks(model):
+        # weights that are GGUF blocks: compact reads them in a seventh of oneDNN's bytes (its layers
+        # where they are not blocks), and its products beat oneDNN's at every row count here
+        # (docs/performance.md); timing both would double the calibration
+        out.append("compact")
+    elif onednn_available(p.device, p.dtype) is None:
         out.append("onednn")
-    # not `compact`, though it decodes one stream faster where the weights are GGUF blocks: its
-    # many-row products (a batch's forwards with tree drafts, a prompt) are slower than oneDNN's,
-    # and a server that chose it solo fell from 26.6 to 2.7 tok/s at 4 clients (docs/performance.md)
     return out
 
 

@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import SelfspecError
 from ..paths import writable_cache_dir
-from .swap import SwappedLinear, flatten, swap_linears, use_attention
+from .swap import SwappedLinear, flatten, linear_layers, original_of, swap_linears, use_attention
 
 if TYPE_CHECKING:
     from transformers.modeling_utils import PreTrainedModel
@@ -174,6 +174,19 @@ def q8_0_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     if not bool(((q * d[..., None]) == g).all()):
         return None
     return q.to(torch.int8).reshape(n, k).contiguous(), d.contiguous()
+
+
+def reads_blocks(model: nn.Module) -> bool:
+    """Whether the compact backend would read ``model``'s weights as blocks: its first linear
+    layer's weight is proven Q4_1 or Q8_0 (fp32, on the CPU). ``auto`` times the backend only then:
+    on other weights its layers are the ``onednn`` ones."""
+    for _, _, layer in linear_layers(model):
+        w = original_of(layer).weight.detach()
+        if w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
+            return False
+        w = w.contiguous()
+        return q4_1_blocks(w) is not None or q8_0_blocks(w) is not None
+    return False
 
 
 class CompactLinear(SwappedLinear):

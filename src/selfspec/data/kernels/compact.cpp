@@ -25,7 +25,9 @@
 
 namespace {
 
-inline float hsum(__m256 v) {  // a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7))
+#define ALWAYS_INLINE inline __attribute__((always_inline))  // the decompression must fuse into the sums
+
+ALWAYS_INLINE float hsum(__m256 v) {  // a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7))
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
@@ -33,7 +35,7 @@ inline float hsum(__m256 v) {  // a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7))
 }
 
 // one block's 32 weights, decompressed: w[0..3] hold elements 0-7, 8-15, 16-23, 24-31
-inline void q4_1_block(const uint8_t* codes, float d, float m, __m256 w[4]) {
+ALWAYS_INLINE void q4_1_block(const uint8_t* codes, float d, float m, __m256 w[4]) {
     const __m128i low = _mm_set1_epi8(15);
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
     const __m128i lo = _mm_and_si128(b, low);
@@ -45,7 +47,7 @@ inline void q4_1_block(const uint8_t* codes, float d, float m, __m256 w[4]) {
     w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), dv, mv);
 }
 
-inline void q8_0_block(const int8_t* codes, float d, __m256 w[4]) {
+ALWAYS_INLINE void q8_0_block(const int8_t* codes, float d, __m256 w[4]) {
     const __m256 dv = _mm256_set1_ps(d);
     for (int j = 0; j < 4; ++j) {
         const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * j));
@@ -53,79 +55,129 @@ inline void q8_0_block(const int8_t* codes, float d, __m256 w[4]) {
     }
 }
 
-// the sum of row x[0..K) against the decompressed weights, in the one fixed order every row uses
-template <typename Weights>
-inline float dot(const float* x, int64_t G, Weights weights) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+// the sums of R rows x[r * K ..] against one weight row, decompressed block by block in registers
+// by `weights(g, w)`, into out[r * N]: every row in the one fixed order (four 8-lane accumulators a_j
+// over the blocks, lanes 8 j .. 8 j + 7 of each; then ((a_0 + a_1) + (a_2 + a_3)) and a fixed
+// horizontal sum), whatever R is
+template <int R, typename Weights>
+ALWAYS_INLINE void dots(const float* x, int64_t K, int64_t G, Weights weights, float* out, int64_t N) {
+    __m256 a[R][4];
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j) a[r][j] = _mm256_setzero_ps();
     __m256 w[4];
     for (int64_t g = 0; g < G; ++g) {
         weights(g, w);
-        const float* xg = x + g * 32;
-        a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xg), a0);
-        a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), a1);
-        a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), a2);
-        a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), a3);
+        for (int r = 0; r < R; ++r)
+            for (int j = 0; j < 4; ++j) a[r][j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + r * K + g * 32 + 8 * j), a[r][j]);
     }
-    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (int r = 0; r < R; ++r)
+        out[r * N] = hsum(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3])));
 }
 
-// dot for two rows at once over the same decompressed weights (in B): each row's accumulators and
-// operations are dot's, interleaved so that the two rows' multiply-adds overlap
-inline void dot2(const float* x, const float* y, const float* B, int64_t G, float* ox, float* oy) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-        const float* w = B + g * 32;
-        const float* xg = x + g * 32;
-        const float* yg = y + g * 32;
-        const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-        const __m256 w2 = _mm256_loadu_ps(w + 16), w3 = _mm256_loadu_ps(w + 24);
-        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), a0);
-        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(yg), b0);
-        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), a1);
-        b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(yg + 8), b1);
-        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), a2);
-        b2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(yg + 16), b2);
-        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), a3);
-        b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(yg + 24), b3);
-    }
-    *ox = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    *oy = hsum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+// More rows (a verify block, a batch, a prompt's chunk) run the same sums as `dots`, tiled so that
+// each load serves several multiply-adds. The rows are first laid out lane-major (row r's [j][g][0..8)
+// holds x[r, 32 g + 8 j .. +8), the j-th 8 lanes of block g), and so is a tile of decompressed weight
+// rows. Then for each j, a tile of R x C accumulators runs over the blocks g in order,
+// acc[r][c] = fma(w[c], x[r], acc[r][c]): each lane is exactly dot's accumulator a_j, and the four are
+// added as `dots` adds them. So every row's result is its one-row result, bit for bit.
+constexpr int64_t TR = 4;   // rows in a register tile
+constexpr int64_t TC = 3;   // weight rows in a register tile (4 x 3 accumulators, 3 weights, 1 row: 16 registers)
+constexpr int64_t MB = 32;  // rows one pass over a weight tile reads (their lane-major copy stays in L2)
+
+inline void to_lanes(const float* x, int64_t G, float* out) {  // [K] -> [4][G][8]
+    for (int64_t g = 0; g < G; ++g)
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + (j * G + g) * 8, _mm256_loadu_ps(x + g * 32 + 8 * j));
 }
 
-// out[M, N] = x[M, K] @ W.T, W's row n decompressed block by block by `block(n, g, w)`. One row
-// (a decode step) decompresses in registers; several rows (a verify block, a batch) decompress a
-// weight row once into a buffer and run each row's sum over it: the same weights, the same
-// operations in the same order (dot), so each row's result is the same as alone, bit for bit.
-constexpr int64_t ROWS = 8;
+// out[r * N + c] for R lane-major rows of X and C lane-major weight rows of W (each K floats apart)
+template <int R, int C>
+inline void tile(const float* X, const float* W, int64_t G, float* out, int64_t N) {
+    const int64_t K = G * 32;
+    __m256 part[4][R][C];
+    for (int j = 0; j < 4; ++j) {
+        __m256 acc[R][C];
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+        const float* Xj = X + j * G * 8;
+        const float* Wj = W + j * G * 8;
+        for (int64_t g = 0; g < G; ++g) {
+            __m256 w[C];
+            for (int c = 0; c < C; ++c) w[c] = _mm256_loadu_ps(Wj + c * K + g * 8);
+            for (int r = 0; r < R; ++r) {
+                const __m256 xv = _mm256_loadu_ps(Xj + r * K + g * 8);
+                for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(w[c], xv, acc[r][c]);
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) part[j][r][c] = acc[r][c];
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c)
+            out[r * N + c] = hsum(_mm256_add_ps(_mm256_add_ps(part[0][r][c], part[1][r][c]),
+                                                _mm256_add_ps(part[2][r][c], part[3][r][c])));
+}
 
+template <int C>
+inline void tiles(const float* X, const float* W, int64_t rows, int64_t G, float* out, int64_t N) {
+    const int64_t K = G * 32;
+    int64_t r = 0;
+    for (; r + TR <= rows; r += TR) tile<TR, C>(X + r * K, W, G, out + r * N, N);
+    switch (rows - r) {
+        case 3: tile<3, C>(X + r * K, W, G, out + r * N, N); break;
+        case 2: tile<2, C>(X + r * K, W, G, out + r * N, N); break;
+        case 1: tile<1, C>(X + r * K, W, G, out + r * N, N); break;
+        default: break;
+    }
+}
+
+// out[M, N] = x[M, K] @ W.T, W's row n decompressed block by block by `block(n, g, w)`. Up to six
+// rows (a decode step, a short verify block, a small batch) decompress in registers (`dots`); more rows decompress
+// TC weight rows at a time into a lane-major buffer and run the tiles above over it: the same
+// operations in the same order, so each row's result is the same as alone, bit for bit.
 template <typename Block>
 void product(const float* X, float* O, int64_t M, int64_t K, int64_t N, Block block) {
+    if (M == 0) return;  // no rows (a packed forward that keeps no logits)
     const int64_t G = K / 32;
+    constexpr int64_t IN_REGISTERS = 6;  // more accumulators spill (measured: 7 and 8 rows tile faster)
+    std::vector<float> lanes(M > IN_REGISTERS ? static_cast<size_t>(M * K) : 0);
+    if (M > IN_REGISTERS) {
+        at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) to_lanes(X + r * K, G, lanes.data() + r * K);
+        });
+    }
     at::parallel_for(0, N, 4, [&](int64_t n0, int64_t n1) {
-        std::vector<float> buf(M > 1 ? static_cast<size_t>(K) : 0);
-        for (int64_t n = n0; M == 1 && n < n1; ++n) {
-            O[n] = dot(X, G, [&](int64_t g, __m256 w[4]) { block(n, g, w); });
-        }
-        if (M == 1) return;
-        // tiles of ROWS rows, so their x stays in the L1 cache across the weight rows
-        for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
-            const int64_t r1 = std::min(M, r0 + ROWS);
+        if (M <= IN_REGISTERS) {
             for (int64_t n = n0; n < n1; ++n) {
-                __m256 w[4];
-                for (int64_t g = 0; g < G; ++g) {
-                    block(n, g, w);
-                    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(buf.data() + g * 32 + 8 * j, w[j]);
+                auto weights = [&](int64_t g, __m256 w[4]) __attribute__((always_inline)) { block(n, g, w); };
+                switch (M) {
+                    case 1: dots<1>(X, K, G, weights, O + n, N); break;
+                    case 2: dots<2>(X, K, G, weights, O + n, N); break;
+                    case 3: dots<3>(X, K, G, weights, O + n, N); break;
+                    case 4: dots<4>(X, K, G, weights, O + n, N); break;
+                    case 5: dots<5>(X, K, G, weights, O + n, N); break;
+                    default: dots<6>(X, K, G, weights, O + n, N); break;
                 }
-                const float* B = buf.data();
-                int64_t r = r0;
-                for (; r + 1 < r1; r += 2) dot2(X + r * K, X + (r + 1) * K, B, G, O + r * N + n, O + (r + 1) * N + n);
-                if (r < r1) {
-                    O[r * N + n] = dot(X + r * K, G, [&](int64_t g, __m256 v[4]) {
-                        for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(B + g * 32 + 8 * j);
-                    });
+            }
+            return;
+        }
+        std::vector<float> buf(static_cast<size_t>(TC * K));
+        for (int64_t m0 = 0; m0 < M; m0 += MB) {
+            const int64_t rows = std::min(MB, M - m0);
+            for (int64_t c0 = n0; c0 < n1; c0 += TC) {
+                const int64_t C = std::min(TC, n1 - c0);
+                for (int64_t c = 0; c < C; ++c) {
+                    __m256 w[4];
+                    float* Wc = buf.data() + c * K;
+                    for (int64_t g = 0; g < G; ++g) {
+                        block(c0 + c, g, w);
+                        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(Wc + (j * G + g) * 8, w[j]);
+                    }
                 }
+                const float* Xm = lanes.data() + m0 * K;
+                float* Om = O + m0 * N + c0;
+                if (C == 3) tiles<3>(Xm, buf.data(), rows, G, Om, N);
+                else if (C == 2) tiles<2>(Xm, buf.data(), rows, G, Om, N);
+                else tiles<1>(Xm, buf.data(), rows, G, Om, N);
             }
         }
     });
@@ -152,7 +204,7 @@ at::Tensor q4_1_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
     const uint8_t* C = codes.data_ptr<uint8_t>();
     const float* D = d.data_ptr<float>();
     const float* Mn = m.data_ptr<float>();
-    product(x.data_ptr<float>(), out.data_ptr<float>(), M, K, N, [&](int64_t n, int64_t g, __m256 w[4]) {
+    product(x.data_ptr<float>(), out.data_ptr<float>(), M, K, N, [&](int64_t n, int64_t g, __m256 w[4]) __attribute__((always_inline)) {
         q4_1_block(C + n * (K / 2) + g * 16, D[n * G + g], Mn[n * G + g], w);
     });
     return out;
@@ -166,7 +218,7 @@ at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
     auto out = at::empty({M, N}, x.options());
     const int8_t* C = codes.data_ptr<int8_t>();
     const float* D = d.data_ptr<float>();
-    product(x.data_ptr<float>(), out.data_ptr<float>(), M, K, N, [&](int64_t n, int64_t g, __m256 w[4]) {
+    product(x.data_ptr<float>(), out.data_ptr<float>(), M, K, N, [&](int64_t n, int64_t g, __m256 w[4]) __attribute__((always_inline)) {
         q8_0_block(C + n * K + g * 32, D[n * G + g], w);
     });
     return out;
