@@ -595,3 +595,31 @@ def test_auto_times_the_compiled_backend_only_for_methods_whose_steps_are_saved(
     ar = selfspec.load(g.target, method="ar")
     ids = prompt_ids(0, 12)
     assert g.generate(ids, max_new_tokens=20).token_ids == ar.generate(ids, max_new_tokens=20).token_ids
+
+
+def test_a_server_chooses_among_configurations_whose_requests_share_a_batch(tiny, monkeypatch):
+    """``batching``: no draft head, no draft model, no compiled step (their requests would decode one
+    at a time); the candidates auto then times are those, and the generator it returns batches."""
+    from selfspec.autoselect.configure import for_batches
+
+    cands = [cand("ar@stock"), cand("pld@compact"), cand("eagle2@compact"), cand("hass@stock"),
+             cand("draft-model@onednn"), cand("pld@compiled"), cand("self-spec@stock")]
+    assert [c.label for c in for_batches(cands)] == ["ar@stock", "pld@compact", "self-spec@stock"]
+    assert all(not METHODS[c.method].draft_weights for c in for_batches(cands))
+
+    import selfspec.autoselect.configure as configure
+
+    timed: list[list[str]] = []
+    real = configure.choose
+
+    def choose(target, make, cs, *args, **kwargs):
+        timed.append([c.label for c in cs])
+        return real(target, make, cs, *args, **kwargs)
+
+    monkeypatch.setattr(configure, "candidates", lambda *a, **k: [cand("ar@stock"), cand("eagle2@stock"),
+                                                                   cand("pld@stock")])
+    monkeypatch.setattr(configure, "choose", choose)
+    g = selfspec.load(tiny, method="auto", kernels="stock", self_test=False, measure=False, batching=True)
+    assert timed == [["ar@stock", "pld@stock"]] and g.batchable()
+    selfspec.load(tiny, method="auto", kernels="stock", self_test=False, measure=False)
+    assert timed[-1] == ["ar@stock", "eagle2@stock", "pld@stock"]  # one stream: every candidate

@@ -26,7 +26,7 @@ __all__ = ["AutoGenerator", "CompiledFallback", "GenerationResult", "Speculative
 def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, device: str | None = "cpu",
          dtype: str | torch.dtype = "float32", trust_remote_code: bool = False, self_test: bool = True,
          kernels: str | None = None, remeasure: bool = False, threads: int | None = None, measure: bool = True,
-         progress: bool | None = None, **method_options: Any) -> SpeculativeGenerator:
+         progress: bool | None = None, batching: bool = False, **method_options: Any) -> SpeculativeGenerator:
     """Load a model and a decoding method.
 
     ``auto`` (the default for both ``method`` and ``kernels``, as in the CLI) chooses the
@@ -61,20 +61,23 @@ def load(model: str | LoadedModel | Runner = DEFAULT_MODEL, method: str = AUTO, 
         progress: show the long steps (conversion, calibration, compiling) as ``selfspec: ...`` lines
             on stderr while loading. None (default): when stderr is a terminal and nothing handles
             the ``selfspec`` logger, where the notes always go.
+        batching: ``auto`` chooses among the configurations whose requests can share a batch's
+            forwards (``generate_batch``, ``selfspec serve``): no draft head or draft model of their
+            own, no compiled step. A method given is loaded as it is.
         **method_options: options of the method's config, e.g. ``draft_model="..."``, ``k=4``.
     """
     check_threads(threads)
     shown = notes_on_stderr() if show_progress(progress) else contextlib.nullcontext()
     with shown, torch_threads(threads):
         g = _load(model, method, device, dtype, trust_remote_code, self_test, kernels, remeasure, method_options,
-                  measure)
+                  measure, batching)
     g.threads = threads
     return g
 
 
 def _load(model: str | LoadedModel | Runner, method: str, device: str | None, dtype: str | torch.dtype,
           trust_remote_code: bool, self_test: bool, kernels: str | None, remeasure: bool,
-          method_options: dict, measure: bool = True) -> SpeculativeGenerator:
+          method_options: dict, measure: bool = True, batching: bool = False) -> SpeculativeGenerator:
     """:func:`load` on the threads as they are."""
     from .kernels import KERNELS, default_kernels
 
@@ -98,12 +101,12 @@ def _load(model: str | LoadedModel | Runner, method: str, device: str | None, dt
         base = load_model(model, device, dtype, trust_remote_code).base
     if kernels == AUTO:
         return configure(base, method, method_options, trust_remote_code, remeasure, self_test, keep=given,
-                         measure=measure)
+                         measure=measure, batching=batching)
     same = model if isinstance(model, Runner) and model.backend == kernels else None
     target = _checked(same if same is not None else base.runner(kernels), self_test, measure)
     if method == AUTO:
         return configure(base, method, method_options, trust_remote_code, remeasure, False, keep=given,
-                         kernels=[target.backend], measure=measure)
+                         kernels=[target.backend], measure=measure, batching=batching)
     return build(target, method, method_options, trust_remote_code, measure=measure)
 
 

@@ -224,3 +224,17 @@ def _byte_of(c: str) -> int:
             cs.append(256 + n)
             n += 1
     return dict(zip(cs, bs))[ord(c)]
+
+
+@pytest.mark.parametrize("flags, batching", [([], True), (["--max-batch", "4"], True), (["--max-batch", "1"], False)])
+def test_the_server_asks_auto_for_a_configuration_that_batches(monkeypatch, chat_dir, flags, batching):
+    """``auto`` in a server chooses among configurations whose requests share a batch, unless the
+    server decodes one request at a time (``--max-batch 1``)."""
+    import selfspec.api
+    import selfspec.serve.command
+
+    asked: list[bool] = []
+    monkeypatch.setattr(selfspec.api, "load", lambda **kw: asked.append(kw["batching"]))
+    monkeypatch.setattr(selfspec.serve.command, "run_serve", lambda args, load: (load(), 0)[1])
+    assert main(["serve", "--model", str(chat_dir), *flags]) == 0
+    assert asked == [batching]

@@ -63,14 +63,22 @@ def auto_sizes(c: Candidate) -> tuple[int, ...]:
     return compiled_blocks(c.method) if c.kernels == "compiled" else (1,)
 
 
+def for_batches(cands: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates whose requests can share a batch's packed forwards (what
+    :meth:`~selfspec.generator.SpeculativeGenerator.batchable` asks of a generator): an eager
+    backend, and a drafter that loads no weights of its own (no draft head, no draft model)."""
+    return [c for c in cands if c.kernels != "compiled" and not METHODS[c.method].draft_weights]
+
+
 def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: bool, remeasure: bool,
               self_test: bool, keep: bool, kernels: list[str] | None = None,
-              measure: bool = True) -> SpeculativeGenerator:
+              measure: bool = True, batching: bool = False) -> SpeculativeGenerator:
     """``auto`` for the method, the kernels or both: the candidates (the registry's ``auto``
     candidates, or ``method`` alone, on every fp32 backend here or on ``kernels`` alone), the
     choice (cached, else calibrated on each candidate's own runner, side by side), and the chosen
     one built. Unless ``keep`` (a model the caller loaded, which other generators may share), the
-    runners not chosen are dropped (their weight copies freed)."""
+    runners not chosen are dropped (their weight copies freed). ``batching``: only candidates
+    whose requests can share a batch (:func:`for_batches`; a server's), where any remain."""
     from ..kernels.auto import candidates as fp32_kernels
 
     if kernels is None:
@@ -111,6 +119,10 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
                                     "machine), or name a method, e.g. --method pld")
             log.info("auto: the compiled kernels are left out: their steps are not compiled on this machine "
                      "(`selfspec compile` compiles them once, in minutes; auto then times them too)")
+
+    if batching and method == AUTO:  # a server: a configuration that decodes requests one at a time would
+        # hold every other client back, however fast its one stream (eagle2 won a solo calibration here by 1%)
+        cands = for_batches(cands) or cands
 
     def make(c: Candidate) -> SpeculativeGenerator:
         return build(base.runner(c.kernels), c.method, c.options, trust_remote_code, auto_sizes(c))

@@ -70,7 +70,8 @@ def concurrency(args: argparse.Namespace) -> int:
             raise SelfspecError(f"--peers vllm loads a Hugging Face model directory; {args.model!r} is not one "
                                 "(pull a bundled model first: selfspec models pull NAME)")
         model_dir = str(path)
-    return run_concurrency(opts, lambda: load_generator(args, method), model_dir=model_dir)
+    # the solo runs' configuration is the server's: auto among the ones whose requests share a batch
+    return run_concurrency(opts, lambda: load_generator(args, method, batching=True), model_dir=model_dir)
 
 
 def serve_args(args: argparse.Namespace, method: str) -> tuple[str, ...]:

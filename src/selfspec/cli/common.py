@@ -181,9 +181,10 @@ def check_device(args: argparse.Namespace) -> None:
         resolve_device(args.device)
 
 
-def load_generator(args: argparse.Namespace, method: str | None = None, model=None):
+def load_generator(args: argparse.Namespace, method: str | None = None, model=None, batching: bool = False):
     """The generator of ``method`` with its options from the flags; without ``method``, the
-    baseline (no options), which ``demo`` runs beside ``--method``."""
+    baseline (no options), which ``demo`` runs beside ``--method``. ``batching``: ``auto`` chooses
+    among configurations whose requests share a batch (``selfspec serve``)."""
     from ..api import load
     from ..registry import AUTO, BASELINE
 
@@ -194,7 +195,7 @@ def load_generator(args: argparse.Namespace, method: str | None = None, model=No
         extra["measure"] = False
     return load(model=model or args.model, method=method or BASELINE, device=args.device, dtype=args.dtype,
                 trust_remote_code=args.trust_remote_code, kernels=None if model else args.kernels,
-                **extra, **opts)
+                batching=batching, **extra, **opts)
 
 
 def kernels_label(kernels: str, device: str = "cpu") -> str:

@@ -22,4 +22,5 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.command import run_serve
 
     setup(args)
-    return run_serve(args, lambda: load_generator(args, args.method))
+    # auto chooses among configurations whose requests share a batch, unless one at a time is asked for
+    return run_serve(args, lambda: load_generator(args, args.method, batching=args.max_batch != 1))
