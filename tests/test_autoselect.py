@@ -11,6 +11,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import selfspec
 from selfspec import autoselect
@@ -623,3 +624,27 @@ def test_a_server_chooses_among_configurations_whose_requests_share_a_batch(tiny
     assert timed == [["ar@stock", "pld@stock"]] and g.batchable()
     selfspec.load(tiny, method="auto", kernels="stock", self_test=False, measure=False)
     assert timed[-1] == ["ar@stock", "eagle2@stock", "pld@stock"]  # one stream: every candidate
+
+
+def test_a_server_times_onednn_where_one_stream_times_compact(tiny_gguf_dir, monkeypatch):
+    """``compact`` won one stream and lost a server's batches to its own method choice
+    (``BATCH_KERNELS``): a server's auto times ``onednn`` there; one stream's times ``compact``."""
+    from selfspec.kernels.compact import available
+
+    if available(torch.device("cpu"), torch.float32) is not None:
+        pytest.skip("no compact kernels here")
+    import selfspec.autoselect.configure as configure
+
+    timed: list[set[str]] = []
+    real = configure.choose
+
+    def choose(target, make, cs, *args, **kwargs):
+        timed.append({c.kernels for c in cs})
+        return real(target, make, cs, *args, **kwargs)
+
+    monkeypatch.setattr(configure, "choose", choose)
+    monkeypatch.delenv("SELFSPEC_KERNELS")  # the tests' stock: auto's own choice here
+    selfspec.load(str(tiny_gguf_dir), method="auto", self_test=False, measure=False, batching=True)
+    selfspec.load(str(tiny_gguf_dir), method="auto", self_test=False, measure=False)
+    assert "compact" not in timed[0] and "onednn" in timed[0]
+    assert "compact" in timed[1] and "onednn" not in timed[1]

@@ -63,6 +63,15 @@ def auto_sizes(c: Candidate) -> tuple[int, ...]:
     return compiled_blocks(c.method) if c.kernels == "compiled" else (1,)
 
 
+BATCH_KERNELS = {"compact": "onednn"}
+"""What ``auto`` times for a server in place of the backend it times for one stream. Its calibration
+decodes one stream, and there `pld@compact` won (21.6 against 19.3 tok/s for `ar@compact`); served to 4
+and 8 clients it gave 24.4 and 25.2 tok/s (`docs/results/serving-auto-compact-avx2-1201`), against 26.6 and
+40.6 for the onednn default before (`serving-batching-avx2-1130c`): pld's drafts, sized as one stream's,
+made 23-row forwards of 4 requests that accepted 1.2 tokens each. Until auto measures batches, a
+server's auto stays on the backends it was measured on (`--kernels compact` serves compact)."""
+
+
 def for_batches(cands: Sequence[Candidate]) -> list[Candidate]:
     """The candidates whose requests can share a batch's packed forwards (what
     :meth:`~selfspec.generator.SpeculativeGenerator.batchable` asks of a generator): an eager
@@ -83,6 +92,8 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
 
     if kernels is None:
         kernels = fp32_kernels(base.model) if base.only is None else [base.only]
+        if batching and method == AUTO:  # a server: onednn, not compact (see BATCH_KERNELS)
+            kernels = [BATCH_KERNELS.get(k, k) for k in kernels]
         if "stock" in kernels:  # not where fp32 weights were released
             kernels = [*kernels, "compiled"]
     ctx = AutoContext(draft_model=options.get("draft_model") or None,  # precisions found (and noted) once
