@@ -43,8 +43,8 @@ def candidates(model: nn.Module) -> list[str]:
     out = ["stock"]
     if compact_available(p.device, p.dtype) is None and reads_blocks(model):
         # weights that are GGUF blocks: compact reads them in a seventh of oneDNN's bytes (its layers
-        # where they are not blocks), and its products beat oneDNN's at every row count here
-        # (docs/performance.md); timing both would double the calibration
+        # where they are not blocks), and its products beat oneDNN's up to about 32 rows here (0.85x
+        # at 64, a prompt's chunk; docs/performance.md); timing both would double the calibration
         out.append("compact")
     elif onednn_available(p.device, p.dtype) is None:
         out.append("onednn")
