@@ -78,7 +78,7 @@ ALWAYS_INLINE void dots(const float* x, int64_t K, int64_t G, Weights weights, f
 // each load serves several multiply-adds. The rows are first laid out lane-major (row r's [j][g][0..8)
 // holds x[r, 32 g + 8 j .. +8), the j-th 8 lanes of block g), and so is a tile of decompressed weight
 // rows. Then for each j, a tile of R x C accumulators runs over the blocks g in order,
-// acc[r][c] = fma(w[c], x[r], acc[r][c]): each lane is exactly dot's accumulator a_j, and the four are
+// acc[r][c] = fma(w[c], x[r], acc[r][c]): each lane is exactly the accumulator a_j of `dots`, and the four are
 // added as `dots` adds them. So every row's result is its one-row result, bit for bit.
 constexpr int64_t TR = 4;   // rows in a register tile
 constexpr int64_t TC = 3;   // weight rows in a register tile (4 x 3 accumulators, 3 weights, 1 row: 16 registers)
