@@ -196,16 +196,6 @@ def pytest_runtest_setup(item):
     torch.set_num_threads(REAL_MODEL_THREADS if real else 1)  # also undoes a test's `--threads`
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`), all tests that load real models run in one
-    worker: they share its loaded models, and two workers never pull the same model at once."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if any(item.get_closest_marker(m) for m in TIER_MARKERS):
-            item.add_marker(pytest.mark.xdist_group("real_models"))
-
-
 def bundled_path(name: str) -> str:
     """Directory of a bundled model in the user's real cache (pulled on first use). Only tests of the
     ``real_model`` or ``slow`` tier may call it: the default tier needs no real model."""

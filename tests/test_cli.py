@@ -496,13 +496,16 @@ def test_notes_are_printed_once_and_logging_is_restored(tiny_dir, capsys):
 
 
 @COMPILED_OFFERED
-def test_compile_list_runs_no_step_and_lists_every_block_each_method_verifies(capsys, tiny_dir, monkeypatch):
+def test_compile_list_runs_no_step_and_lists_every_block_each_method_verifies(capsys, tiny_dir, tmp_path,
+                                                                              monkeypatch):
     """``selfspec compile --list`` runs nothing through the compiled step (building msn's drafter on
     the compiled backend timed its cost profile through the step, compiling 8 block sizes in 5
     minutes on SmolLM2), and the list is of every block each method verifies: msn's 128-row step
-    among them, ar's one-token step even when it is listed first."""
+    among them, ar's one-token step even when it is listed first. An empty compile cache of its own
+    (the tests' shared one holds this model's steps once the compiled tier has run)."""
     from selfspec.models.compiled_step import StaticStep
 
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     ran = []
     monkeypatch.setattr(StaticStep, "forward", lambda self, cache, ids, *a, **kw: ran.append(ids.numel()))
     code, out, _ = run(capsys, "compile", "--model", str(tiny_dir), "--methods", "ar,msn", "--list")

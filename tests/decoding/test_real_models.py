@@ -188,14 +188,14 @@ def test_smollm2_sdsat_finetune_greedy(smol_sdsat):
     prompts = [encode_prompt(smol_sdsat.tokenizer, p.text, True, smol_sdsat.model.config.vocab_size)
                for p in builtin()][1::4]
     refs = [hf_ids(smol_sdsat.model, p, MAX_NEW) for p in prompts]
+    accepted = 0
     for opts in ({"k": 4}, {}):
         g = selfspec.load(smol_sdsat, "sdsat", self_test=False, **opts)
         results = [g.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
         assert [r.token_ids for r in results] == refs
         assert not adaptive & {t for r in results for t in r.token_ids}
-    g4 = selfspec.load(smol_sdsat, "sdsat", k=4, self_test=False)
-    r4 = [g4.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
-    accepted = sum(c - 1 for r in r4 for c, d in zip(r.committed_per_step, r.drafted_per_step) if d > 0)
+        if opts:  # the fixed k = 4 drafts every step
+            accepted = sum(c - 1 for r in results for c, d in zip(r.committed_per_step, r.drafted_per_step) if d > 0)
     assert accepted > 0
 
 
