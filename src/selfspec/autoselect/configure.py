@@ -63,19 +63,19 @@ def auto_sizes(c: Candidate) -> tuple[int, ...]:
     return compiled_blocks(c.method) if c.kernels == "compiled" else (1,)
 
 
-BATCH_KERNELS = {"compact": "onednn"}
-"""What ``auto`` times for a server in place of the backend it times for one stream. Its calibration
-decodes one stream, and there `pld@compact` won (21.6 against 19.3 tok/s for `ar@compact`); served to 4
-and 8 clients it gave 24.4 and 25.2 tok/s (`docs/results/serving-auto-compact-avx2-1201`), against 26.6 and
-40.6 for the onednn default before (`serving-batching-avx2-1130c`): pld's drafts, sized as one stream's,
-made 23-row forwards of 4 requests that accepted 1.2 tokens each. Until auto measures batches, a
-server's auto stays on the backends it was measured on (`--kernels compact` serves compact)."""
-
-
 def for_batches(cands: Sequence[Candidate]) -> list[Candidate]:
     """The candidates whose requests can share a batch's packed forwards (what
     :meth:`~selfspec.generator.SpeculativeGenerator.batchable` asks of a generator): an eager
-    backend, and a drafter that loads no weights of its own (no draft head, no draft model)."""
+    backend, and a drafter that loads no weights of its own (no draft head, no draft model).
+
+    A server times the same backends as one stream, ``compact`` included. From 2026-12-01 to
+    2026-12-07 it timed ``onednn`` in its place: ``pld@compact``, chosen on one stream, had made
+    23-row forwards that accepted 1.2 tokens a request in a batch of 4 (a verify cost profile
+    measured flat that day). On 2026-12-07 (2-core EPYC, AVX2; ``generate_batch`` of 4 and 8 chat
+    prompts x 64 tokens, in one process) every method ran at least as fast on ``compact`` as on
+    ``onednn``: ar 55.1 / 71.8 tok/s against 48.9 / 73.2, pld 53.3 / 64.5 against 47.0 / 61.3, and
+    each request drafts by the batch's cost (``CostProfile.shared``), which shrank pld's drafts to
+    plain steps (62 of 64 steps plain at 4 requests)."""
     return [c for c in cands if c.kernels != "compiled" and not METHODS[c.method].draft_weights]
 
 
@@ -92,8 +92,6 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
 
     if kernels is None:
         kernels = fp32_kernels(base.model) if base.only is None else [base.only]
-        if batching and method == AUTO:  # a server: onednn, not compact (see BATCH_KERNELS)
-            kernels = [BATCH_KERNELS.get(k, k) for k in kernels]
         if "stock" in kernels:  # not where fp32 weights were released
             kernels = [*kernels, "compiled"]
     ctx = AutoContext(draft_model=options.get("draft_model") or None,  # precisions found (and noted) once
