@@ -648,3 +648,28 @@ def test_a_server_times_compact_as_one_stream_does(tiny_gguf_dir, monkeypatch):
     selfspec.load(str(tiny_gguf_dir), method="auto", self_test=False, measure=False)
     assert "compact" in timed[0] and timed[0] == timed[1]
     assert g.batchable()
+
+
+def test_a_server_times_batches_and_caches_their_choice_apart(tiny, monkeypatch):
+    """A server's auto times each candidate on batches of ``BATCH_WIDTH`` calibration prompts
+    (``generate_batch``) and caches that choice under a key of its own; one stream's decodes alone."""
+    import selfspec.autoselect.configure as configure
+    from selfspec.autoselect.batches import BATCH_WIDTH, BatchDecoder
+    from selfspec.autoselect.choice import cache_key
+
+    seen: list[tuple[type, int]] = []
+    real = configure.choose
+
+    def choose(target, make, cs, *args, **kwargs):
+        d = make(cs[0])
+        seen.append((type(d), kwargs["width"]))
+        return real(target, make, cs, *args, **kwargs)
+
+    monkeypatch.setattr(configure, "candidates", lambda *a, **k: [cand("ar@stock"), cand("pld@stock")])
+    monkeypatch.setattr(configure, "choose", choose)
+    selfspec.load(tiny, method="auto", kernels="stock", self_test=False, measure=False, batching=True)
+    selfspec.load(tiny, method="auto", kernels="stock", self_test=False, measure=False)
+    assert seen[0] == (BatchDecoder, BATCH_WIDTH)
+    assert seen[1][1] == 1 and seen[1][0] is not BatchDecoder
+    cands = [cand("ar@stock"), cand("pld@stock")]
+    assert cache_key(tiny, cands, BATCH_WIDTH) != cache_key(tiny, cands) == cache_key(tiny, cands, 1)

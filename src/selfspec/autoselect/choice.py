@@ -90,22 +90,24 @@ class AutoRecord:
                    int(d.get("max_new_tokens", 0)))
 
 
-def cache_key(target: Runner, cands: Sequence[Candidate]) -> str:
+def cache_key(target: Runner, cands: Sequence[Candidate], width: int = 1) -> str:
     """The store key (:func:`~selfspec.core.store.key`) of the choice among ``cands``: model, dtype,
-    device, machine (CPU, threads, torch), candidate list, draft artefacts and, where a candidate
-    runs on the compiled backend, the version of its steps' code
-    (:func:`~selfspec.models.aot_step.code_version`)."""
+    device, machine (CPU, threads, torch), candidate list, draft artefacts, where a candidate
+    runs on the compiled backend the version of its steps' code
+    (:func:`~selfspec.models.aot_step.code_version`), and the batch width timed (a server's choice,
+    :mod:`.batches`, is not one stream's)."""
     from ..models.aot_step import code_version
 
     step_code = code_version() if any(c.kernels == "compiled" for c in cands) else None
     sig = hashlib.sha256(json.dumps([[[c.method, c.options, c.kernels, c.precision] for c in cands],
                                      _artefacts(target, cands), CALIBRATION_PROMPTS, CALIBRATION_TOKENS, PRUNE_TOKENS,
-                                     list(ROUNDS), step_code], sort_keys=True).encode()).hexdigest()
+                                     list(ROUNDS), step_code, *([width] if width > 1 else [])],
+                                    sort_keys=True).encode()).hexdigest()
     return store.key(store.Kind.AUTO_CHOICE, target.model, target.name, "auto", CACHE_FORMAT, sig[:12])
 
 
-def cache_path(target: Runner, cands: Sequence[Candidate]) -> Path:
-    return store.path(cache_key(target, cands))
+def cache_path(target: Runner, cands: Sequence[Candidate], width: int = 1) -> Path:
+    return store.path(cache_key(target, cands, width))
 
 
 def read_cache(key: str, cands: Sequence[Candidate]) -> Choice | None:
@@ -132,7 +134,7 @@ def _nothing_ran(errors: dict[str, str]) -> str:
 def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence[Candidate],
            reference: str | None = None, remeasure: bool = False, prompts: Sequence[str] | None = None,
            clock: Callable[[], float] = time.perf_counter, monitor: Callable[[], LoadMonitor] = LoadMonitor,
-           busy_now: Callable[[], bool] = machine_busy, measure: bool = True) -> Choice:
+           busy_now: Callable[[], bool] = machine_busy, measure: bool = True, width: int = 1) -> Choice:
     """The fastest candidate for ``target`` here: cached, else measured (and cached).
 
     Args:
@@ -147,12 +149,14 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
             the machine is busy now (a cached choice measured while busy is redone when quiet).
         measure: off: the cached choice (busy or not), else the first candidate (the reference,
             ``ar``, where there is one), with a note; nothing is timed or written.
+        width: the requests of each timed batch where ``make``'s decoders decode batches (a
+            server's, :class:`~.batches.BatchDecoder`); part of the cache key and of the notes.
     """
     if not cands:
         raise SelfspecError("auto has no candidate configuration to choose from")
     if len(cands) == 1:
         return Choice(cands[0])
-    key = cache_key(target, cands)
+    key = cache_key(target, cands, width)
     if not measure:
         cached = read_cache(key, cands)
         if cached is not None:
@@ -169,9 +173,9 @@ def choose(target: Runner, make: Callable[[Candidate], Decoder], cands: Sequence
                      "again")
     prompts = list(prompts) if prompts is not None else calibration_prompts()
     kernels = ", ".join(dict.fromkeys(c.kernels for c in cands))
-    log.info("auto: measuring %d configurations (%s on %s kernels) on %d calibration prompts for %s (once; "
+    log.info("auto: measuring %d configurations (%s on %s kernels) on %d calibration prompts%s for %s (once; "
              "--remeasure redoes it) ...", len(cands), ", ".join(dict.fromkeys(c.method for c in cands)), kernels,
-             len(prompts), target.name)
+             len(prompts), f", each in a batch of {width} requests (a server's)" if width > 1 else "", target.name)
     t0 = clock()
     mon = monitor().start()
 

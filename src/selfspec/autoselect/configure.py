@@ -19,7 +19,8 @@ from ..models.compiled_step import MIN_CAPACITY
 from ..models.runner import LoadedModel
 from ..models.selftest import cached_tree_self_test
 from ..registry import AUTO, BASELINE, METHODS, compiled_blocks, method_config
-from .calibration import Candidate, auto_label, candidates, usable_precisions
+from .batches import BATCH_WIDTH, BatchDecoder
+from .calibration import Candidate, auto_label, calibration_prompts, candidates, usable_precisions
 from .choice import choose
 from .routing import AutoGenerator, CompiledFallback
 
@@ -133,10 +134,14 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
         # hold every other client back, however fast its one stream (eagle2 won a solo calibration here by 1%)
         cands = for_batches(cands) or cands
 
-    def make(c: Candidate) -> SpeculativeGenerator:
-        return build(base.runner(c.kernels), c.method, c.options, trust_remote_code, auto_sizes(c))
+    width = BATCH_WIDTH if batching and method == AUTO else 1  # a server's auto times batches (.batches)
+    prompts = calibration_prompts()
 
-    choice = choose(asked, make, cands, reference, remeasure=remeasure, measure=measure)
+    def make(c: Candidate) -> SpeculativeGenerator | BatchDecoder:
+        g = build(base.runner(c.kernels), c.method, c.options, trust_remote_code, auto_sizes(c))
+        return BatchDecoder(g, prompts, width) if width > 1 else g
+
+    choice = choose(asked, make, cands, reference, remeasure=remeasure, measure=measure, prompts=prompts, width=width)
     c = choice.candidate
     target = base.runner(c.kernels)
     measured = {**choice.pruned, **choice.table}
