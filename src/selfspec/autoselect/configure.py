@@ -89,10 +89,13 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
     one built. Unless ``keep`` (a model the caller loaded, which other generators may share), the
     runners not chosen are dropped (their weight copies freed). ``batching``: only candidates
     whose requests can share a batch (:func:`for_batches`; a server's), where any remain."""
+    from ..kernels.auto import batch_candidates
     from ..kernels.auto import candidates as fp32_kernels
 
     if kernels is None:
-        kernels = fp32_kernels(base.model) if base.only is None else [base.only]
+        served = batching and method == AUTO  # a server: the row-invariant backends, timed on batches
+        kernels = ((batch_candidates if served else fp32_kernels)(base.model) if base.only is None
+                   else [base.only])
         if "stock" in kernels:  # not where fp32 weights were released
             kernels = [*kernels, "compiled"]
     ctx = AutoContext(draft_model=options.get("draft_model") or None,  # precisions found (and noted) once

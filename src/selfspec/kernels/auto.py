@@ -51,6 +51,18 @@ def candidates(model: nn.Module) -> list[str]:
     return out
 
 
+def batch_candidates(model: nn.Module) -> list[str]:
+    """The fp32 backends a server times (on batches: ``autoselect.batches``): the row-invariant ones
+    that run here (``compact`` and ``onednn`` both: compact's products win a batch's one-token steps,
+    and lose its prompts' many-row chunks, 0.85x oneDNN at 64 rows), so every request is its solo
+    run; ``stock`` only where neither runs."""
+    p = next(model.parameters())
+    out = [k for k in candidates(model) if k != "stock"]
+    if "onednn" not in out and onednn_available(p.device, p.dtype) is None:
+        out.append("onednn")
+    return out or ["stock"]
+
+
 def quick_case(model: nn.Module, context: int = QUICK_CONTEXT) -> tuple[Callable[[], object], Callable[[], object]]:
     """What one round of the quick proxy runs on ``model`` (a runner's module tree): a one-token and
     a four-token forward after a ``context``-token prefix on a cache of its own, and what undoes
