@@ -600,13 +600,15 @@ def test_auto_times_the_compiled_backend_only_for_methods_whose_steps_are_saved(
 
 def test_a_server_chooses_among_configurations_whose_requests_share_a_batch(tiny, monkeypatch):
     """``batching``: no draft head, no draft model, no compiled step (their requests would decode one
-    at a time); the candidates auto then times are those, and the generator it returns batches."""
+    at a time), no draft forwards of its own (they would run one request after another); the
+    candidates auto then times are those, and the generator it returns batches."""
     from selfspec.autoselect.configure import for_batches
 
     cands = [cand("ar@stock"), cand("pld@compact"), cand("eagle2@compact"), cand("hass@stock"),
              cand("draft-model@onednn"), cand("pld@compiled"), cand("self-spec@stock")]
-    assert [c.label for c in for_batches(cands)] == ["ar@stock", "pld@compact", "self-spec@stock"]
+    assert [c.label for c in for_batches(cands)] == ["ar@stock", "pld@compact"]
     assert all(not METHODS[c.method].draft_weights for c in for_batches(cands))
+    assert METHODS["self-spec"].draft_forwards  # its draft forwards would run one request after another
 
     import selfspec.autoselect.configure as configure
 

@@ -65,19 +65,19 @@ def auto_sizes(c: Candidate) -> tuple[int, ...]:
 
 
 def for_batches(cands: Sequence[Candidate]) -> list[Candidate]:
-    """The candidates whose requests can share a batch's packed forwards (what
-    :meth:`~selfspec.generator.SpeculativeGenerator.batchable` asks of a generator): an eager
-    backend, and a drafter that loads no weights of its own (no draft head, no draft model).
+    """The candidates a server times: those whose requests can share a batch's packed forwards
+    (what :meth:`~selfspec.generator.SpeculativeGenerator.batchable` asks of a generator: an eager
+    backend, and a drafter that loads no weights of its own), and whose drafts run no forwards of
+    their own (:attr:`~selfspec.drafters.spec.MethodSpec.draft_forwards`).
 
-    A server times the same backends as one stream, ``compact`` included. From 2026-12-01 to
-    2026-12-07 it timed ``onednn`` in its place: ``pld@compact``, chosen on one stream, had made
-    23-row forwards that accepted 1.2 tokens a request in a batch of 4 (a verify cost profile
-    measured flat that day). On 2026-12-07 (2-core EPYC, AVX2; ``generate_batch`` of 4 and 8 chat
-    prompts x 64 tokens, in one process) every method ran at least as fast on ``compact`` as on
-    ``onednn``: ar 55.1 / 71.8 tok/s against 48.9 / 73.2, pld 53.3 / 64.5 against 47.0 / 61.3, and
-    each request drafts by the batch's cost (``CostProfile.shared``), which shrank pld's drafts to
-    plain steps (62 of 64 steps plain at 4 requests)."""
-    return [c for c in cands if c.kernels != "compiled" and not METHODS[c.method].draft_weights]
+    Those draft forwards run in each request's thread, one request after another, while the packed
+    forward waits for every one. On 2026-12-07 (2-core EPYC, AVX2, SmolLM2) ``self-spec@compact,
+    draft as verify`` won one stream's calibration (26.0 tok/s against ``ar``'s 24.7) and batches
+    of 4 short calibration prompts (54.0 against 48.6), then served 4 and 8 clients at 20.6 and 16.8
+    tok/s, below its one client's 23.1: at 8 requests 2 s passed between packed forwards
+    (``docs/results/serving-batching-avx2-1207-one-stream``)."""
+    return [c for c in cands if c.kernels != "compiled" and not METHODS[c.method].draft_weights
+            and not METHODS[c.method].draft_forwards]
 
 
 def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: bool, remeasure: bool,

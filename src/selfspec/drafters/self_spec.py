@@ -311,4 +311,5 @@ def _auto_options(name: str, target, ctx: AutoContext) -> dict | None:
 SPEC = MethodSpec("self-spec", SelfSpecConfig, build, True,
                   "Draft & Verify: the model drafts with some sub-layers skipped (tuned skip config)",
                   auto=AutoCandidacy(_auto_options, "draft_kernels", DRAFT_KERNELS),  # bf16 where native
-                  draft_step=draft_step_missing)  # an int8 draft of the whole model drafts through a compiled step
+                  draft_step=draft_step_missing,  # an int8 draft of the whole model drafts through a compiled step
+                  draft_forwards=True)  # its draft forwards run in each request's thread (not batched)

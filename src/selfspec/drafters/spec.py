@@ -128,6 +128,10 @@ class MethodSpec:
         draft_weights: its drafter loads weights of its own (a draft model, a head). A batch builds
             one drafter per request, so such a method decodes one request at a time (batching it
             would load its draft once per slot).
+        draft_forwards: its drafter runs model forwards of its own (``self-spec``: the model with
+            sub-layers skipped). In a batch they run in each request's thread, one request after
+            another, while the packed forward waits for all of them, so a server's ``auto`` leaves
+            such a method out (``autoselect.configure.for_batches``); named, it still batches.
     """
 
     name: str
@@ -139,6 +143,7 @@ class MethodSpec:
     largest_block: int = 64
     draft_step: Callable[[Runner, Any], bool] | None = None
     draft_weights: bool = False
+    draft_forwards: bool = False
 
     def build(self, target: Runner, cfg: object, ctx: BuildContext) -> Drafter:
         """The drafter of this method for ``target`` with options ``cfg``."""
