@@ -52,15 +52,19 @@ def candidates(model: nn.Module) -> list[str]:
 
 
 def batch_candidates(model: nn.Module) -> list[str]:
-    """The fp32 backends a server times (on batches: ``autoselect.batches``): the row-invariant ones
-    that run here (``compact`` and ``onednn`` both: compact's products win a batch's one-token steps,
-    and lose its prompts' many-row chunks, 0.85x oneDNN at 64 rows), so every request is its solo
-    run; ``stock`` only where neither runs."""
+    """The fp32 backend a server times (on batches: ``autoselect.batches``): a row-invariant one, so
+    every request is its solo run. ``onednn`` where it runs, else ``compact``, else ``stock``.
+
+    ``compact`` wins one stream and a batch's short calibration, and lost the server's wide batches:
+    on 2026-12-07 (2-core EPYC, AVX2, SmolLM2; ``docs/results/serving-batching-avx2-1207``)
+    ``ar@compact`` served 1, 4 and 8 clients at 22.0, 44.6 and 47.0 tok/s against vLLM's 16.6, 49.3
+    and 74.3 in the same run, and ``generate_batch`` of 8 requests ran ``ar`` at 43.6 tok/s on
+    compact against 67.0 on oneDNN, minutes apart (its many-row products: a prompt's chunks, wide
+    steps). Timing both in batches of 4 chose compact."""
     p = next(model.parameters())
-    out = [k for k in candidates(model) if k != "stock"]
-    if "onednn" not in out and onednn_available(p.device, p.dtype) is None:
-        out.append("onednn")
-    return out or ["stock"]
+    if onednn_available(p.device, p.dtype) is None:
+        return ["onednn"]
+    return [k for k in candidates(model) if k != "stock"] or ["stock"]
 
 
 def quick_case(model: nn.Module, context: int = QUICK_CONTEXT) -> tuple[Callable[[], object], Callable[[], object]]:
