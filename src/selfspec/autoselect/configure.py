@@ -92,8 +92,8 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
     from ..kernels.auto import batch_candidates
     from ..kernels.auto import candidates as fp32_kernels
 
+    served = batching and method == AUTO  # a server's auto: row-invariant backends, timed on batches
     if kernels is None:
-        served = batching and method == AUTO  # a server: the row-invariant backends, timed on batches
         kernels = ((batch_candidates if served else fp32_kernels)(base.model) if base.only is None
                    else [base.only])
         if "stock" in kernels:  # not where fp32 weights were released
@@ -133,11 +133,11 @@ def configure(base: LoadedModel, method: str, options: dict, trust_remote_code: 
             log.info("auto: the compiled kernels are left out: their steps are not compiled on this machine "
                      "(`selfspec compile` compiles them once, in minutes; auto then times them too)")
 
-    if batching and method == AUTO:  # a server: a configuration that decodes requests one at a time would
+    if served:  # a server: a configuration that decodes requests one at a time would
         # hold every other client back, however fast its one stream (eagle2 won a solo calibration here by 1%)
         cands = for_batches(cands) or cands
 
-    width = BATCH_WIDTH if batching and method == AUTO else 1  # a server's auto times batches (.batches)
+    width = BATCH_WIDTH if served else 1  # a server's auto times batches (.batches)
     prompts = calibration_prompts()
 
     def make(c: Candidate) -> SpeculativeGenerator | BatchDecoder:
