@@ -17,7 +17,12 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"   # $PY and $SELFSPEC
 OUT=${OUT:-docs/results}
-FAMILY=$(grep -qw amx_int8 /proc/cpuinfo && echo amx || (grep -qw avx512_vnni /proc/cpuinfo && echo avx512 || echo avx2))
+# one directory pair per CPU family (selfspec.core.machine.cpu_family): an Intel Xeon whose AMX the VM
+# hides is a family of its own (xeon), apart from the AMD EPYCs' avx512 and avx2
+if grep -qw amx_int8 /proc/cpuinfo; then FAMILY=amx
+elif grep -qw avx512f /proc/cpuinfo && grep -q GenuineIntel /proc/cpuinfo; then FAMILY=xeon
+elif grep -qw avx512_vnni /proc/cpuinfo; then FAMILY=avx512
+else FAMILY=avx2; fi
 PEERS=hf
 if "$PY" -c "import llama_cpp" 2>/dev/null; then PEERS=$PEERS,llama.cpp; fi
 if "$PY" -c "import openvino_genai" 2>/dev/null && [[ $PEERS == *llama.cpp* ]]; then PEERS=$PEERS,openvino; fi

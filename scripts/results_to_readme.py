@@ -261,7 +261,7 @@ def headline(reports: list[dict]) -> tuple[str, dict[str, dict[str, dict]]]:
         if not rep["dir"].name.startswith("defaults-smollm2"):
             continue
         env = rep["meta"]["environment"]
-        key = (cpu_family(env.get("cpu_flags", "")), stage(rep))
+        key = (cpu_family(env.get("cpu_flags", ""), env.get("machine", "")), stage(rep))
         recs = read_records(rep["dir"])
         stamps = [r["time"] for r in recs if isinstance(r.get("time"), (int, float))]
         when = time.strftime("%Y-%m-%d", time.gmtime(max(stamps))) if stamps else ""

@@ -36,4 +36,7 @@ def test_cpu_family_from_flags():
     assert cpu_family("avx2+avx512f+avx512_vnni+avx512_bf16+amx_int8") == "AMX Intel Xeon"
     assert cpu_family("avx2+avx512f+avx512_vnni") == "AVX-512 VNNI"
     assert cpu_family("avx2") == "AVX2"
+    assert cpu_family("avx2+avx512f+avx512_vnni", "Intel(R) Xeon(R) Processor|threads=2|torch=2.13.0+cpu") \
+        == "Intel Xeon AVX-512"
+    assert cpu_family("avx2+avx512f+avx512_vnni", "AMD EPYC 9R14|threads=2|torch=2.13.0+cpu") == "AVX-512 VNNI"
     assert cpu_family("") == "unknown"

@@ -57,16 +57,23 @@ def cpu_flags() -> str:
     return "+".join(f for f in wanted if f in have)
 
 
-CPU_FAMILIES = ("AVX2", "AVX-512 VNNI", "AMX Intel Xeon")
+CPU_FAMILIES = ("AVX2", "AVX-512 VNNI", "Intel Xeon AVX-512", "AMX Intel Xeon")
 """The CPU families the README's headline table keeps one row pair for (see :func:`cpu_family`)."""
 
 
-def cpu_family(flags: str | None = None) -> str:
-    """The CPU family of ``flags`` (as :func:`cpu_flags` writes them; None: this machine's):
-    ``AMX Intel Xeon``, ``AVX-512 VNNI``, ``AVX2``, or ``unknown``."""
-    have = set((cpu_flags() if flags is None else flags).split("+")) - {""}
+def cpu_family(flags: str | None = None, machine: str | None = None) -> str:
+    """The CPU family of ``flags`` (as :func:`cpu_flags` writes them) on ``machine`` (as
+    :func:`machine_id` writes it; its CPU model tells an Intel Xeon apart); both None: this
+    machine's. ``AMX Intel Xeon``; ``Intel Xeon AVX-512`` (an Intel Xeon whose AMX the VM does not
+    expose: oneDNN cannot use it there); ``AVX-512 VNNI``; ``AVX2``; or ``unknown``."""
+    if flags is None:
+        flags = cpu_flags()
+        machine = machine_id() if machine is None else machine
+    have = set(flags.split("+")) - {""}
     if "amx_int8" in have:
         return "AMX Intel Xeon"
+    if "avx512f" in have and "intel" in (machine or "").lower():
+        return "Intel Xeon AVX-512"
     if "avx512_vnni" in have:
         return "AVX-512 VNNI"
     if "avx2" in have:
