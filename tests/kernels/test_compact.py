@@ -4,6 +4,9 @@ sums, and a row's result independent of the block it comes in."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from selfspec.kernels.compact import (
     _build,
     available,
     compact_linear,
+    isa,
     load_ops,
     q4_1_blocks,
     q8_0_blocks,
@@ -68,7 +72,7 @@ def test_a_rows_result_does_not_depend_on_its_block(kind):
     layer = layer_of(w, bias)
     x = torch.randn(41, 192, generator=g)  # more rows than one pass over a weight tile reads (32)
     full = layer(x)
-    for rows in (1, 2, 3, 4, 5, 7, 8, 16, 33):  # whole and partial register tiles (4 rows)
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 33):  # in registers (6, or 12 with AVX-512); tiles
         assert torch.equal(layer(x[:rows]), full[:rows])
     for r in (5, 31, 32, 40):
         assert torch.equal(layer(x[r:r + 1]), full[r:r + 1])
@@ -139,3 +143,35 @@ def test_auto_builds_the_kernel_before_its_clock_starts(tiny_gguf_dir, monkeypat
     monkeypatch.setattr(configure, "choose", choose)
     g = selfspec.load(str(tiny_gguf_dir), method="pld", kernels="auto", self_test=False, k=3)
     assert events[:2] == ["build", "clock"] and g.kernels in ("stock", "compact")
+
+
+BUILD_DIGEST = textwrap.dedent("""
+    import hashlib, sys, torch
+    from torch import nn
+    import selfspec.kernels.compact as c
+    from tests.conftest import gguf_rounded
+    c.isa = lambda: sys.argv[1]  # this process loads that build
+    torch.set_num_threads(2)
+    g = torch.Generator().manual_seed(3)
+    digest = hashlib.sha256()
+    for kind in ("Q4_1", "Q8_0"):
+        lin = nn.Linear(192, 80, bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(gguf_rounded(torch.randn(80, 192, generator=g) * 0.2, kind))
+        c.load_ops()
+        layer = c.compact_linear(lin)
+        for rows in (1, 3, 6, 7, 12, 13, 40):
+            digest.update(layer(torch.randn(rows, 192, generator=g)).numpy().tobytes())
+    print(digest.hexdigest())
+""")
+
+
+@pytest.mark.matrix  # builds the AVX2 kernel beside this machine's (half a minute)
+@pytest.mark.skipif(NO_COMPACT is not None or isa() != "avx512", reason="needs a CPU with AVX-512")
+def test_the_avx512_build_sums_as_the_avx2_build_bit_for_bit():
+    """A model's outputs on ``compact`` do not depend on which build the CPU runs: the AVX-512 build's
+    products (16-lane registers, up to 12 rows in registers) equal the AVX2 build's bit for bit."""
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    digests = {b: subprocess.run([sys.executable, "-c", BUILD_DIGEST, b], capture_output=True, text=True, check=True,
+                                 cwd=root).stdout.split()[-1] for b in ("avx2", "avx512")}
+    assert digests["avx2"] == digests["avx512"]

@@ -5,8 +5,9 @@ GGUF blocks (SmolLM2-135M from Q4_1, its LM head Q8_0), so every fp32 weight is 
 (Q4_1: a 4-bit code ``q`` and the two fp16 constants of its 32-weight block) or ``d * q`` (Q8_0).
 This backend proves, layer by layer and bit for bit, that a weight matrix is such blocks
 (:func:`q4_1_blocks`, :func:`q8_0_blocks`), keeps the codes (0.56 or 1.06 bytes a weight instead
-of 4) and multiplies through a C++ kernel (``data/kernels/compact.cpp``, AVX2 + FMA) that
-decompresses each block in registers to the very fp32 values of the fp32 copy and sums in fp32.
+of 4) and multiplies through a C++ kernel (``data/kernels/compact.cpp``, AVX2 + FMA, or AVX-512
+where the CPU has it) that decompresses each block in registers to the very fp32 values of the fp32
+copy and sums in fp32.
 
 So the model is the same function up to the order of the sums, like ``onednn``: lossless with
 respect to ``ar`` on the same backend, and each row's result does not depend on how many rows the
@@ -14,8 +15,10 @@ block has (the kernel runs every row's sum in one fixed order), as batching and 
 need. A layer that is not such blocks (most Hugging Face checkpoints, which are bf16) runs on
 oneDNN's fp32 kernel, and the load log says how many did.
 
-The kernel is built once per machine and torch (``g++ -O3 -mavx2 -mfma``, about half a minute)
-into the cache (``$SELFSPEC_HOME/kernels``) and loaded with ``torch.ops.load_library``.
+The kernel is built once per machine and torch (``g++ -O3 -mavx2 -mfma``, with ``-mavx512f`` where
+the CPU has AVX-512: its sums of up to twelve rows then run in 16-lane registers, lane for lane the AVX2
+build's operations, so the outputs are the same bit for bit; about half a minute) into the cache
+(``$SELFSPEC_HOME/kernels``) and loaded with ``torch.ops.load_library``.
 """
 
 from __future__ import annotations
@@ -76,19 +79,32 @@ def _source() -> str:
     return resources.files("selfspec").joinpath("data", "kernels", SOURCE).read_text()
 
 
-def library_path() -> Path:
-    """Where the built kernel lives: a file named by the hash of its source, the torch version and
-    the Python ABI, under ``$SELFSPEC_HOME/kernels`` (else a temporary directory)."""
-    key = hashlib.sha256(f"{_source()}|{torch.__version__}|{sys.implementation.cache_tag}".encode()).hexdigest()[:16]
+ISA_FLAGS = {"avx2": ("-mavx2", "-mfma"), "avx512": ("-mavx2", "-mfma", "-mavx512f")}
+"""The compiler's instruction-set flags per build (:func:`isa`)."""
+
+
+def isa() -> str:
+    """The build this CPU runs: ``avx512`` where torch finds AVX-512 (its sums of up to 12 rows in
+    16-lane registers, the same results), else ``avx2``."""
+    return "avx512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "avx2"
+
+
+def library_path(build: str | None = None) -> Path:
+    """Where the built kernel lives: a file named by the hash of its source, its instruction set
+    (``build``; None: :func:`isa`), the torch version and the Python ABI, under
+    ``$SELFSPEC_HOME/kernels`` (else a temporary directory)."""
+    build = isa() if build is None else build
+    text = f"{_source()}|{build}|{torch.__version__}|{sys.implementation.cache_tag}"
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
     d = writable_cache_dir("kernels")
     if d is None:
         d = Path(tempfile.gettempdir()) / f"selfspec-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
     return d / f"compact-{key}.so"
 
 
-def _build(target: Path) -> None:
-    """Compile the kernel into ``target`` (written under a temporary name, then moved: processes
-    that build at once each get a whole file)."""
+def _build(target: Path, build: str | None = None) -> None:
+    """Compile the kernel for ``build`` (:data:`ISA_FLAGS`; None: :func:`isa`) into ``target``
+    (written under a temporary name, then moved: processes that build at once each get a whole file)."""
     from torch.utils import cpp_extension
 
     cxx = _compiler()
@@ -98,7 +114,8 @@ def _build(target: Path) -> None:
         src = Path(tmp) / SOURCE
         src.write_text(_source())
         out = Path(tmp) / target.name
-        cmd = [cxx, "-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-w",
+        flags = ISA_FLAGS[isa() if build is None else build]
+        cmd = [cxx, "-O3", *flags, "-fopenmp", "-std=c++17", "-shared", "-fPIC", "-w",
                "-D_GLIBCXX_USE_CXX11_ABI=" + str(int(torch._C._GLIBCXX_USE_CXX11_ABI)),
                *[f"-I{p}" for p in cpp_extension.include_paths()], str(src), "-o", str(out),
                *[f"-L{p}" for p in cpp_extension.library_paths()], "-lc10", "-ltorch_cpu", "-ltorch"]
