@@ -188,13 +188,29 @@ def test_int8_promise_holds_here_or_falls_back_to_stock(tiny_dir, caplog):
     assert keep_int8_promise(stock, probe=lambda m: 1.0) is stock  # nothing to check on stock
 
 
+class RowVariant(torch.nn.Module):
+    """A linear layer whose rows depend on how many rows its block has (a kernel that breaks the
+    promise, by construction): its output scaled by 1 + 1e-4 per row of the block."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        return y * (1 + 1e-4 * x.shape[-2])
+
+
 @pytest.mark.real_model
 @torch.inference_mode()
-def test_int8_promise_probe_catches_batched_attention(tiny_dir):
-    """Negative control of the real probe: int8 linears with the stock batched attention break the
-    promise, and the probe finds it (it can fail)."""
+def test_int8_promise_probe_catches_a_row_variant_kernel(tiny_dir):
+    """Negative control of the real probe: one int8 layer whose rows depend on the block's size
+    breaks the promise, and the probe finds it (it can fail). (It once used the stock batched SDPA
+    attention, whose rows differed on the AMD EPYCs and did not on a 2-core Intel Xeon: a property
+    of a CPU, not a kernel that breaks the promise by construction.)"""
     from selfspec.models.selftest import keep_int8_promise
 
     t = load_model(bundled_path("smollm2-135m-instruct"), kernels="int8")
-    t.model.set_attn_implementation("sdpa")
+    mlp = t.model.model.layers[0].mlp
+    mlp.down_proj = RowVariant(mlp.down_proj)
     assert keep_int8_promise(t).backend == "stock"
