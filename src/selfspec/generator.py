@@ -319,9 +319,6 @@ class SpeculativeGenerator:
         from .models.batch import Batcher, row_invariant
         from .models.batch_run import run_batch
 
-        batcher = Batcher(self.target, max_batch or len(prompts))
-        gens = [self.sibling(batcher.slot()) for _ in prompts]
-
         def request(i: int) -> Work:
             def work(emit: Callable[[str], None] | None) -> GenerationResult | None:
                 if emit is None:
@@ -332,6 +329,8 @@ class SpeculativeGenerator:
             return work
 
         with torch_threads(self.threads):
+            batcher = Batcher(self.target, max_batch or len(prompts))  # its forwards run on this many threads
+            gens = [self.sibling(batcher.slot()) for _ in prompts]
             yield from run_batch(batcher, [request(i) for i in range(len(prompts))], results, streaming)
         invariant = row_invariant(self.kernels)
         for r in cast(list[GenerationResult], results):  # each request's, or run_batch raised

@@ -206,3 +206,51 @@ def test_a_requests_logits_in_a_packed_forward_are_its_solo_logits_bit_for_bit(k
         out = batch.packed_forward(packed, inner, packed_caches)
         for o, s in zip(out, solo):
             assert torch.equal(o.logits, s), (kernels, shift, float((o.logits - s).abs().max()))
+
+
+def test_the_driving_thread_runs_every_forward_on_the_batchers_threads(base):
+    """``torch.set_num_threads(1)`` in a request thread also sets the count that a thread takes at its
+    first parallel op: a driving thread that had run none yet (``selfspec serve``'s decode thread)
+    then decoded on one core. The batcher sets its own count (the creating thread's) before each
+    forward, and leaves that count for the threads started after."""
+    import threading
+
+    from selfspec.core import kv_cache
+    from selfspec.models.batch_run import request_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # not what a fresh thread would take on its own, on any machine here
+    try:
+        b = batch.Batcher(base.runner("int8"), max_batch=1)
+    finally:
+        torch.set_num_threads(before)
+    seen: list[int] = []
+    hook = b._model.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+
+    def request() -> None:
+        request_thread()
+        try:
+            b.slot().forward(kv_cache.new_cache(base.model.config), torch.tensor([5]), torch.tensor([0]), None,
+                             False, 0)
+        finally:
+            b.leave()
+
+    def drive() -> None:  # a thread that has run no parallel op before its first forward
+        b.join()
+        r = threading.Thread(target=request)
+        r.start()
+        b.drive()
+        r.join()
+
+    try:
+        t = threading.Thread(target=drive)
+        t.start()
+        t.join()
+        later: list[int] = []
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+    finally:
+        hook.remove()
+        torch.set_num_threads(before)
+    assert seen == [3] and later == [3]

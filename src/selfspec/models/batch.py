@@ -194,12 +194,19 @@ class Batcher:
     thread that calls them, and forwards that hopped between threads ran a third slower on a 2-core
     EPYC (oneDNN, SmolLM2: 10.6-11.1 against 14.9-15.2 tok/s) while the other pool's workers spun.
 
+    The driving thread runs them on :attr:`threads` torch threads, set before every forward. Without
+    that it took whatever a request thread had last set: ``torch.set_num_threads`` also sets the
+    count that a thread takes when it first runs a parallel op, so a driving thread that had not yet
+    run one (``selfspec serve``'s decode thread) took the request threads' 1 and decoded on one
+    core: 52 ms a token at one client against 40 in process (2-core EPYC, SmolLM2, oneDNN).
+
     Attributes:
         runner: the verify runner (its packed module tree runs the forwards).
         max_batch: the most requests in one packed forward.
         sizes: the number of requests in each of the latest :data:`SIZES_KEPT` packed forwards.
         forwards: packed forwards run so far.
         on_forward: called with the number of requests after each packed forward (metrics).
+        threads: the torch CPU threads of every packed forward: the creating thread's count.
     """
 
     def __init__(self, runner, max_batch: int = 8) -> None:
@@ -209,6 +216,7 @@ class Batcher:
             raise SelfspecError(f"max_batch is at least 1, not {max_batch}")
         self.runner = runner
         self.max_batch = max_batch
+        self.threads = torch.get_num_threads()
         self.sizes: collections.deque[int] = collections.deque(maxlen=SIZES_KEPT)
         self.forwards = 0
         self._model = runner.packed
@@ -303,6 +311,7 @@ class Batcher:
 
     def _run(self, batch: list[tuple[Block, list]]) -> None:
         interrupted: BaseException | None = None
+        torch.set_num_threads(self.threads)  # this thread's pool; it also undoes a request thread's 1 for new threads
         try:
             outs: list = packed_forward(self._model, self._inner, [b for b, _ in batch])
         except Exception as e:  # noqa: BLE001 - each request of the forward raises it in its own thread
