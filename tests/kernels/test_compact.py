@@ -25,6 +25,7 @@ from selfspec.kernels.compact import (
     q8_0_blocks,
 )
 from selfspec.kernels.onednn import OneDNNLinear
+from selfspec.kernels.onednn import available as onednn_available
 from selfspec.kernels.swap import linear_layers
 from selfspec.models.loading import load_model
 
@@ -123,6 +124,20 @@ def test_auto_times_compact_instead_of_onednn_where_the_weights_are_blocks(tiny_
 
     assert candidates(load_model(str(tiny_gguf_dir)).model) == ["stock", "compact"]
     assert "compact" not in candidates(load_model(str(tiny_dir)).model)  # random weights: no blocks to read
+
+
+@pytest.mark.skipif(onednn_available(torch.device("cpu"), torch.float32) is not None, reason="no oneDNN here")
+def test_a_server_times_compact_beside_onednn_only_on_its_avx512_build(tiny_gguf_dir, tiny_dir, monkeypatch):
+    """On AVX2, compact lost a server's wide batches that a calibration of 4 did not see; its AVX-512
+    build won every width measured, so there both are timed."""
+    from selfspec.kernels import auto
+
+    blocks, plain = load_model(str(tiny_gguf_dir)).model, load_model(str(tiny_dir)).model
+    monkeypatch.setattr(auto, "compact_isa", lambda: "avx512")
+    assert auto.batch_candidates(blocks) == ["compact", "onednn"]
+    assert auto.batch_candidates(plain) == ["onednn"]  # random weights: no blocks to read
+    monkeypatch.setattr(auto, "compact_isa", lambda: "avx2")
+    assert auto.batch_candidates(blocks) == ["onednn"]
 
 
 def test_auto_builds_the_kernel_before_its_clock_starts(tiny_gguf_dir, monkeypatch):

@@ -25,6 +25,7 @@ from torch import nn
 from ..core import kv_cache
 from ..core.attention import decode_attention
 from .compact import available as compact_available
+from .compact import isa as compact_isa
 from .compact import reads_blocks
 from .onednn import available as onednn_available
 
@@ -52,18 +53,23 @@ def candidates(model: nn.Module) -> list[str]:
 
 
 def batch_candidates(model: nn.Module) -> list[str]:
-    """The fp32 backend a server times (on batches: ``autoselect.batches``): a row-invariant one, so
-    every request is its solo run. ``onednn`` where it runs, else ``compact``, else ``stock``.
+    """The fp32 backends a server times (on batches: ``autoselect.batches``): row-invariant ones, so
+    every request is its solo run. ``compact`` and ``onednn`` both where compact's AVX-512 build reads
+    the model's blocks, else ``onednn`` where it runs, else ``compact``, else ``stock``.
 
-    ``compact`` wins one stream and a batch's short calibration, and lost the server's wide batches:
-    on 2026-12-07 (2-core EPYC, AVX2, SmolLM2; ``docs/results/serving-batching-avx2-1207``)
-    ``ar@compact`` served 1, 4 and 8 clients at 22.0, 44.6 and 47.0 tok/s against vLLM's 16.6, 49.3
-    and 74.3 in the same run, and ``generate_batch`` of 8 requests ran ``ar`` at 43.6 tok/s on
+    On AVX2 ``compact`` won one stream and a batch's short calibration, and lost the wide batches:
+    on 2026-12-07 (2-core EPYC, SmolLM2) ``generate_batch`` of 8 requests ran ``ar`` at 43.6 tok/s on
     compact against 67.0 on oneDNN, minutes apart (its many-row products: a prompt's chunks, wide
-    steps). Timing both in batches of 4 chose compact."""
+    steps), while timing both in batches of 4 chose compact; so AVX2 servers time oneDNN alone.
+    Compact's AVX-512 build (sixteen-lane sums of up to twelve rows) won every width measured: on a
+    2-core AMD EPYC (AVX-512 VNNI, 2026-12-08) ``selfspec serve --method ar`` gave 52.0 / 127.7 / 151.3
+    tok/s at 1 / 4 / 8 clients on compact against 22.3 / 74.5 / 117.1 on oneDNN, one after the other;
+    in process (``generate_batch``, two interleaved passes) 102.7 and 124.3 against 73.3 and 72.7 at 4
+    requests, 119.6 and 125.6 against 115.0 and 111.7 at 8. There both are timed, and the faster wins."""
     p = next(model.parameters())
+    wide = compact_available(p.device, p.dtype) is None and reads_blocks(model) and compact_isa() == "avx512"
     if onednn_available(p.device, p.dtype) is None:
-        return ["onednn"]
+        return ["compact", "onednn"] if wide else ["onednn"]
     return [k for k in candidates(model) if k != "stock"] or ["stock"]
 
 
