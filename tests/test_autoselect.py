@@ -629,9 +629,10 @@ def test_a_server_chooses_among_configurations_whose_requests_share_a_batch(tiny
 
 
 def test_a_server_times_onednn_where_one_stream_times_compact(tiny_gguf_dir, monkeypatch):
-    """A server's auto times ``onednn`` (row-invariant, and faster than ``compact`` in wide
-    batches), not ``stock`` (its rows depend on the batch); one stream's times ``compact`` in place
-    of ``onednn``, beside ``stock``."""
+    """A server's auto times ``onednn`` (row-invariant, and faster than compact's AVX2 build in wide
+    batches), with ``compact`` beside it only where compact's AVX-512 build runs, never ``stock``
+    (its rows depend on the batch); one stream's times ``compact`` in place of ``onednn``, beside
+    ``stock``."""
     from selfspec.kernels.compact import available
 
     if available(torch.device("cpu"), torch.float32) is not None:
@@ -647,10 +648,16 @@ def test_a_server_times_onednn_where_one_stream_times_compact(tiny_gguf_dir, mon
 
     monkeypatch.setattr(configure, "choose", choose)
     monkeypatch.delenv("SELFSPEC_KERNELS")  # the tests' stock: auto's own choice here
+    import selfspec.kernels.auto as kernels_auto
+
+    monkeypatch.setattr(kernels_auto, "compact_isa", lambda: "avx2")
     g = selfspec.load(str(tiny_gguf_dir), method="auto", self_test=False, measure=False, batching=True)
     selfspec.load(str(tiny_gguf_dir), method="auto", self_test=False, measure=False)
     assert timed[0] == {"onednn"}
     assert "compact" in timed[1] and "stock" in timed[1] and "onednn" not in timed[1]
+    monkeypatch.setattr(kernels_auto, "compact_isa", lambda: "avx512")
+    selfspec.load(str(tiny_gguf_dir), method="auto", self_test=False, measure=False, batching=True, remeasure=True)
+    assert timed[2] == {"compact", "onednn"}
     assert g.batchable()
 
 

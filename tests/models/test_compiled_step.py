@@ -16,12 +16,15 @@ from selfspec.core import kv_cache
 from selfspec.core.tree import DraftTree
 from selfspec.drafters.scripted import ScriptedDrafter
 from selfspec.errors import SelfspecError
+from selfspec.kernels.compact import available as compact_available
 from selfspec.models import compiled_step
 from selfspec.models.adapter import forward_block
 from selfspec.models.compiled_step import StaticStep, bucket, capacity_for, padded_mask
 from selfspec.models.loading import load_model
 
 from ..conftest import COMPILED_OFFERED, SAVED_ROUTE_ONLY, VOCAB, prompt_ids, save_tiny, tiny_model
+
+compact_unavailable = compact_available(torch.device("cpu"), torch.float32)
 
 TREE = DraftTree(torch.tensor([11, 12, 13, 14, 15, 16, 17]), torch.tensor([-1, 0, 0, 1, 2, 2, 5]))
 
@@ -573,3 +576,26 @@ def test_a_steps_first_call_holds_the_lock_of_its_saved_file(compiled, ar_ids, m
         step.forward(cache, torch.tensor([5]), torch.tensor([len(PROMPTS[0])]), None, False)
     shape = (1, kv_cache.capacity(cache), False)
     assert aot_step.artifact_path(compiled_step.compile_cache_dir(), compiled.model, shape) in taken
+
+
+@COMPILED_OFFERED
+@pytest.mark.skipif(compact_unavailable is not None, reason=str(compact_unavailable))
+def test_a_model_of_gguf_blocks_runs_compacts_kernel_inside_the_step(tmp_path):
+    """Weights that are GGUF blocks: the step's linear layers are compact's (the graph calls its
+    kernel as an extern op), and the step is lossless: ``ar`` gives ``generate``'s ids on the same
+    module tree, and drafts right for exactly j tokens change nothing."""
+    from selfspec.kernels.compact import CompactLinear
+    from selfspec.kernels.swap import linear_layers
+
+    path = save_tiny(tmp_path / "tiny-gguf-1layer", "llama", 0, layers=1, gguf=True)
+    t = load_model(str(path), kernels="compiled")
+    assert t.step is not None and all(isinstance(m, CompactLinear) for _, _, m in linear_layers(t.model))
+    g, scripted = selfspec.load(t, method="ar", self_test=False), selfspec.load(t, method="ar", self_test=False)
+    for p in PROMPTS:
+        ids = g.generate(p, max_new_tokens=MAX_NEW, chat=False).token_ids
+        out = t.model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                               do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+        assert ids == out[0, len(p):].tolist()
+        scripted.drafter = ScriptedDrafter(ids, K, 2, VOCAB)
+        assert scripted.generate(p, max_new_tokens=MAX_NEW, chat=False).token_ids == ids
+    assert (1, capacity_for(len(PROMPTS[0]) + MAX_NEW), False) in t.step.compiled

@@ -136,6 +136,18 @@ def load_ops() -> None:
         if not path.is_file():
             _build(path)
         torch.ops.load_library(str(path))
+        # fake kernels: the output's shape, for the compiled backend's graphs (Inductor calls the
+        # operators themselves as extern kernels)
+        torch.library.register_fake("selfspec_compact::q4_1_linear")(_fake_q4_1)
+        torch.library.register_fake("selfspec_compact::q8_0_linear")(_fake_q8_0)
+
+
+def _fake_q4_1(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], codes.shape[0])
+
+
+def _fake_q8_0(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], codes.shape[0])
 
 
 def q4_1_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

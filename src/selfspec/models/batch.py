@@ -194,11 +194,8 @@ class Batcher:
     thread that calls them, and forwards that hopped between threads ran a third slower on a 2-core
     EPYC (oneDNN, SmolLM2: 10.6-11.1 against 14.9-15.2 tok/s) while the other pool's workers spun.
 
-    The driving thread runs them on :attr:`threads` torch threads, set before every forward. Without
-    that it took whatever a request thread had last set: ``torch.set_num_threads`` also sets the
-    count that a thread takes when it first runs a parallel op, so a driving thread that had not yet
-    run one (``selfspec serve``'s decode thread) took the request threads' 1 and decoded on one
-    core: 52 ms a token at one client against 40 in process (2-core EPYC, SmolLM2, oneDNN).
+    It runs them on :attr:`threads` torch threads, set before each (a request thread's 1 is also the
+    count a new thread takes: serve's decode thread took it, 52 against 40 ms a token at 1 client).
 
     Attributes:
         runner: the verify runner (its packed module tree runs the forwards).
