@@ -24,9 +24,8 @@ from torch import nn
 
 from ..core import kv_cache
 from ..core.attention import decode_attention
-from .compact import available as compact_available
 from .compact import isa as compact_isa
-from .compact import reads_blocks
+from .compact import reads_blocks_here
 from .onednn import available as onednn_available
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ def candidates(model: nn.Module) -> list[str]:
     """The fp32 (lossless) backends that can run this model here."""
     p = next(model.parameters())
     out = ["stock"]
-    if compact_available(p.device, p.dtype) is None and reads_blocks(model):
+    if reads_blocks_here(model):
         # weights that are GGUF blocks: compact reads them in a seventh of oneDNN's bytes (its layers
         # where they are not blocks), and its products beat oneDNN's up to about 32 rows here (0.85x
         # at 64, a prompt's chunk; docs/performance.md); timing both would double the calibration
@@ -67,7 +66,7 @@ def batch_candidates(model: nn.Module) -> list[str]:
     in process (``generate_batch``, two interleaved passes) 102.7 and 124.3 against 73.3 and 72.7 at 4
     requests, 119.6 and 125.6 against 115.0 and 111.7 at 8. There both are timed, and the faster wins."""
     p = next(model.parameters())
-    wide = compact_available(p.device, p.dtype) is None and reads_blocks(model) and compact_isa() == "avx512"
+    wide = reads_blocks_here(model) and compact_isa() == "avx512"
     if onednn_available(p.device, p.dtype) is None:
         return ["compact", "onednn"] if wide else ["onednn"]
     return [k for k in candidates(model) if k != "stock"] or ["stock"]

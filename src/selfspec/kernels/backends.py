@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 from .bf16 import Bf16Linear
-from .compact import CompactLinear, compact_linear, load_ops, reads_blocks
+from .compact import CompactLinear, compact_linear, load_ops, reads_blocks_here
 from .compact import apply as apply_compact
-from .compact import available as compact_available
 from .gqa_attention import STATIC_NAME
 from .int8 import Int8Linear
 from .int8 import apply as apply_int8
@@ -45,14 +44,14 @@ def install_backend(model: nn.Module, kernels: str) -> None:
     elif kernels == "compact":
         apply_compact(model)
     elif kernels == "compiled":
-        p = next(model.parameters())
         sdpa = cast("PreTrainedModel", model).config._attn_implementation == "sdpa"
-        if compiled_layers(p) == "onednn" and compact_available(p.device, p.dtype) is None and reads_blocks(model):
+        onednn = compiled_layers(next(model.parameters())) == "onednn"
+        if onednn and reads_blocks_here(model):
             # GGUF blocks: the step calls compact's kernel as an extern op (a fake kernel gives Inductor
             # its shapes): SmolLM2, 2-core AMD EPYC AVX-512, ar 69-86 tok/s against 44-61 with the fp32
             # products in the same graph, and 59 for eager compact
             apply_compact(model)
-        elif compiled_layers(p) == "onednn":
+        elif onednn:
             share_products(model)  # q/k/v and gate/up: one product each in the step
             rest = {id(m) for _, _, m in linear_layers(model) if not isinstance(m, SharedProductLinear)}
             swap_linears(model, OneDNNLinear, only=rest)  # each weight packed once

@@ -218,6 +218,13 @@ def reads_blocks(model: nn.Module) -> bool:
     return False
 
 
+def reads_blocks_here(model: nn.Module) -> bool:
+    """Whether the compact backend runs on this machine (:func:`available`) and reads ``model``'s
+    weights as blocks (:func:`reads_blocks`): where ``auto`` times it and the compiled step uses it."""
+    p = next(model.parameters())
+    return available(p.device, p.dtype) is None and reads_blocks(model)
+
+
 class CompactLinear(SwappedLinear):
     """``y = x @ W.T + b`` with ``W`` read from its GGUF blocks (:func:`q4_1_blocks` or
     :func:`q8_0_blocks`), decompressed in registers to the fp32 weights bit for bit.
