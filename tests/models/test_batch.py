@@ -208,6 +208,36 @@ def test_a_requests_logits_in_a_packed_forward_are_its_solo_logits_bit_for_bit(k
             assert torch.equal(o.logits, s), (kernels, shift, float((o.logits - s).abs().max()))
 
 
+@pytest.mark.skipif(NO_COMPACT is not None, reason=str(NO_COMPACT))
+def test_one_token_rows_on_compact_attend_in_one_call_and_are_their_solo_logits(gguf_base, monkeypatch):
+    """A packed forward of one-token steps only (a batch of plain decoding) attends through one
+    kernel call per layer on compact, and each request's logits are still its solo ones, bit for bit."""
+    from selfspec.core import kv_cache
+    from selfspec.kernels import token_attention
+    from selfspec.models.adapter import forward_block
+
+    runner = gguf_base.runner("compact")
+    packed, inner = runner.packed, runner.model.config._attn_implementation
+    calls = []
+    real = token_attention.rows_attention
+    monkeypatch.setattr(token_attention, "rows_attention", lambda q, *a: (calls.append(q.shape[2]), real(q, *a))[1])
+    prompts = [prompt_ids(500 + i, n) for i, n in enumerate((4, 11, 23, 2))]
+    blocks, solo = [], []
+    for i, p in enumerate(prompts):
+        p_t, ids_t, pos = torch.tensor(p), torch.tensor(prompt_ids(600 + i, 1)), torch.tensor([len(p)])
+        c = kv_cache.new_cache(runner.model.config)
+        forward_block(runner.model, c, p_t, torch.arange(len(p)), None)
+        solo.append(forward_block(runner.model, c, ids_t, pos, None).logits)
+        c2 = kv_cache.new_cache(runner.model.config)
+        batch.packed_forward(packed, inner, [batch.Block(c2, p_t, torch.arange(len(p)), None, 0, [])])
+        blocks.append(batch.Block(c2, ids_t, pos, None, len(p), None))
+    calls.clear()
+    out = batch.packed_forward(packed, inner, blocks)
+    assert calls == [len(prompts)] * runner.model.config.num_hidden_layers
+    for o, s in zip(out, solo):
+        assert torch.equal(o.logits, s), float((o.logits - s).abs().max())
+
+
 def test_the_driving_thread_runs_every_forward_on_the_batchers_threads(base):
     """``torch.set_num_threads(1)`` in a request thread also sets the count that a thread takes at its
     first parallel op: a driving thread that had run none yet (``selfspec serve``'s decode thread)

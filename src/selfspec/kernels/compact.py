@@ -298,6 +298,6 @@ def apply(model: nn.Module) -> None:
              "fp32 on oneDNN%s", len(kinds), len(layers), kinds.count("Q4_1"), kinds.count("Q8_0"), read / 2**20, kept,
              " (their weights are not GGUF blocks)" if kept else "")
     if cast("PreTrainedModel", model).config._attn_implementation == "sdpa":
-        from .gqa_attention import NAME
+        from .token_attention import NAME  # one-token rows through compact's attention kernel
 
         use_attention(model, NAME)

@@ -18,9 +18,9 @@ from ..core.attention import decode_attention
 from ..errors import SelfspecError
 
 # attention functions that take boolean 4-D masks: HF's sdpa and the kernels backends' own
-# (kernels.rowwise_attention.NAME, kernels.gqa_attention.NAME and STATIC_NAME; not imported: they
-# register on import)
-BOOL_MASK_IMPLS = ("sdpa", "selfspec_rowwise", "selfspec_gqa_sdpa", "selfspec_static_sdpa")
+# (kernels.rowwise_attention.NAME, kernels.gqa_attention.NAME and STATIC_NAME, kernels.token_attention.NAME;
+# not imported: they register on import)
+BOOL_MASK_IMPLS = ("sdpa", "selfspec_rowwise", "selfspec_gqa_sdpa", "selfspec_static_sdpa", "selfspec_compact_sdpa")
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ One packed forward of a runner's module tree carries the rows of ``n`` requests:
 :class:`PackedCache` in place of a cache. The linear layers, norms, rotary embeddings and the LM
 head see ``R`` rows; at each layer the cache hands every request's new keys and values to that
 request's own cache (a stock ``DynamicCache``, rolled back by :mod:`~selfspec.core.kv_cache` as in a
-solo run), and the attention (:data:`PACKED_NAME`) runs once per request, over exactly that
-request's cache and block with its explicit mask, through the runner's own attention function.
+solo run), and the attention (:data:`PACKED_NAME`) runs once per request, over exactly that request's
+cache and block with its explicit mask, through the runner's own attention (compact's one-token rows: one call for all).
 
 So a request's attention is computed as if it ran alone, and its rows differ from a solo run's only
 where a linear-layer kernel's rows depend on how many rows it multiplies: the ``onednn`` and ``int8``
@@ -21,6 +21,7 @@ tensor copied) with the packed attention installed once (:meth:`~selfspec.models
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ..core import kv_cache
 from ..core.attention import decode_attention
 from ..errors import SelfspecError
+from ..kernels.token_attention import packed_rows
 from .adapter import BOOL_MASK_IMPLS, FULL, SLIDING, BlockOutput, attention_masks, has_windows
 
 PACKED_NAME = "selfspec_packed"
@@ -42,8 +44,7 @@ promises it and checks it at load), so a request's output does not depend on its
 
 
 def row_invariant(backend: str) -> bool:
-    """Whether a request decoded in a batch on ``backend`` gives exactly its solo output (see
-    :data:`ROW_INVARIANT`); elsewhere the ids may differ where two tokens' logits nearly tie."""
+    """Whether a request decoded in a batch on ``backend`` gives exactly its solo output (:data:`ROW_INVARIANT`)."""
     return backend in ROW_INVARIANT
 
 
@@ -119,15 +120,16 @@ class PackedCache(Cache):
 
 def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: PackedKV, value: PackedKV,
                              attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
-    """The attention of a packed forward: the runner's own attention function once per request, on
-    its rows of ``query [1, H, R, D]`` and its own keys and values. Returns ``[1, R, H, D]``."""
-    inner = ALL_ATTENTION_FUNCTIONS[key.inner]
+    """The attention of a packed forward: the runner's own attention function once per request (or one
+    :func:`~selfspec.kernels.token_attention.packed_rows`) on its rows of ``query [1, H, R, D]``; ``[1, R, H, D]``."""
     kind = SLIDING if kwargs.get("sliding_window") is not None else FULL  # this layer's (models with mixed layers)
-    outs = []
-    for (r0, r1), k, v, mask in zip(key.rows, key.keys, key.values, key.masks):
-        out, _ = inner(module, query[:, :, r0:r1], k, v, mask[kind] if isinstance(mask, dict) else mask, **kwargs)
-        outs.append(out)
-    return torch.cat(outs, dim=1), None
+    masks = [mask[kind] if isinstance(mask, dict) else mask for mask in key.masks]
+    one = packed_rows(key.inner, query, key.keys, key.values, key.rows, masks, kwargs)
+    if one is None:
+        inner = ALL_ATTENTION_FUNCTIONS[key.inner]
+        one = torch.cat([inner(module, query[:, :, r0:r1], k, v, mask, **kwargs)[0]
+                         for (r0, r1), k, v, mask in zip(key.rows, key.keys, key.values, masks)], dim=1)
+    return one, None
 
 
 AttentionInterface.register(PACKED_NAME, packed_attention_forward)
@@ -207,8 +209,6 @@ class Batcher:
     """
 
     def __init__(self, runner, max_batch: int = 8) -> None:
-        import threading
-
         if max_batch < 1:
             raise SelfspecError(f"max_batch is at least 1, not {max_batch}")
         self.runner = runner

@@ -25,6 +25,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace {
@@ -306,14 +307,144 @@ at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
     return out;
 }
 
+// ---- one-token attention (kernels/decode_attention.py) ----
+// One query token of each of R requests against that request's own cached keys and values:
+// out[r, h] = sum_i p_i v_i / sum_i p_i, p_i = exp(s_i - max s), s_i = scale * (q[r, h] . k_i), over
+// the request's L_r positions of its KV head h / (Hq / Hkv). Each (request, head) runs on one thread
+// in one fixed order that depends only on its own D and L_r, so a request's result is the same bit
+// for bit alone or beside any others, on any number of threads (a batch step and a solo step agree).
+// 8-lane AVX2 only: the AVX-512 build runs the same instructions.
+
+// exp(x) for x <= 0, lane by lane (Cephes' expf: a degree-6 polynomial on x - n ln 2, times 2^n);
+// within 2 ulp of the true value for x >= -87, and the same value for the same input in any lane
+ALWAYS_INLINE __m256 exp_le0(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// out[0 .. 8 N) = inv * sum_j p[j] v[j * vs + 0 .. 8 N), each 8 lanes summed over j in order
+template <int N>
+ALWAYS_INLINE void weigh(const float* p, const float* v, int64_t vs, int64_t L, float inv, float* out) {
+    __m256 a[N];
+    for (int t = 0; t < N; ++t) a[t] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < L; ++j) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        for (int t = 0; t < N; ++t) a[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * vs + 8 * t), a[t]);
+    }
+    for (int t = 0; t < N; ++t) _mm256_storeu_ps(out + 8 * t, _mm256_mul_ps(a[t], _mm256_set1_ps(inv)));
+}
+
+// one (request, head): q[D], keys and values at k + i * ks, v + i * vs (i < L, D contiguous floats
+// each), D a multiple of 8; scores: scratch for ceil(L / 8) * 8 floats; out[D]
+void attend_one(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t L, int64_t D,
+                float scale, float* scores, float* out) {
+    const int64_t L8 = (L + 7) / 8 * 8;
+    float top = -INFINITY;
+    int64_t i = 0;
+    for (; i + 8 <= L; i += 8) {  // eight keys at once: independent sums, each in the one-key order
+        __m256 a[8];
+        for (int t = 0; t < 8; ++t) a[t] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + d);
+            for (int t = 0; t < 8; ++t) a[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (i + t) * ks + d), a[t]);
+        }
+        for (int t = 0; t < 8; ++t) scores[i + t] = hsum(a[t]) * scale;
+    }
+    for (; i < L; ++i) {
+        __m256 a0 = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + i * ks + d), a0);
+        scores[i] = hsum(a0) * scale;
+    }
+    for (int64_t j = 0; j < L; ++j) top = std::max(top, scores[j]);
+    for (int64_t j = L; j < L8; ++j) scores[j] = top;  // finite scratch past L (weighed 0 below)
+    const __m256 mv = _mm256_set1_ps(top);
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t j = 0; j < L8; j += 8) {
+        __m256 p = exp_le0(_mm256_sub_ps(_mm256_loadu_ps(scores + j), mv));
+        if (j + 8 > L) {  // the positions past L weigh nothing
+            alignas(32) float keep[8];
+            for (int t = 0; t < 8; ++t) keep[t] = j + t < L ? 1.0f : 0.0f;
+            p = _mm256_mul_ps(p, _mm256_load_ps(keep));
+        }
+        _mm256_storeu_ps(scores + j, p);
+        total = _mm256_add_ps(total, p);
+    }
+    const float inv = 1.0f / hsum(total);
+    for (int64_t d = 0; d < D; d += 64) {  // up to eight 8-lane sums over the positions at once
+        switch (std::min<int64_t>(8, (D - d) / 8)) {
+            case 8: weigh<8>(scores, v + d, vs, L, inv, out + d); break;
+            case 7: weigh<7>(scores, v + d, vs, L, inv, out + d); break;
+            case 6: weigh<6>(scores, v + d, vs, L, inv, out + d); break;
+            case 5: weigh<5>(scores, v + d, vs, L, inv, out + d); break;
+            case 4: weigh<4>(scores, v + d, vs, L, inv, out + d); break;
+            case 3: weigh<3>(scores, v + d, vs, L, inv, out + d); break;
+            case 2: weigh<2>(scores, v + d, vs, L, inv, out + d); break;
+            default: weigh<1>(scores, v + d, vs, L, inv, out + d); break;
+        }
+    }
+}
+
+// q [R, Hq, D] fp32; keys[r], values[r] [1, Hkv, L_r, D] fp32 (D contiguous); -> [R, Hq, D]
+at::Tensor decode_attention(const at::Tensor& q, at::TensorList keys, at::TensorList values, double scale) {
+    TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous() && q.device().is_cpu(),
+                "q must be a contiguous fp32 CPU tensor [R, Hq, D]");
+    const int64_t R = q.size(0), Hq = q.size(1), D = q.size(2);
+    TORCH_CHECK(D % 8 == 0, "head size must be a multiple of 8");
+    TORCH_CHECK(static_cast<int64_t>(keys.size()) == R && static_cast<int64_t>(values.size()) == R,
+                "one key and one value tensor per query row");
+    int64_t Hkv = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        const at::Tensor& k = keys[r];
+        const at::Tensor& v = values[r];
+        TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(3) == D && k.stride(3) == 1 && k.scalar_type() == at::kFloat &&
+                    v.sizes() == k.sizes() && v.stride(3) == 1 && v.scalar_type() == at::kFloat,
+                    "keys and values must be fp32 [1, Hkv, L, D] with D contiguous");
+        TORCH_CHECK(r == 0 || k.size(1) == Hkv, "every request has the same KV heads");
+        TORCH_CHECK(k.size(2) > 0, "a query row needs at least one position to attend to");
+        Hkv = k.size(1);
+    }
+    TORCH_CHECK(R == 0 || Hq % Hkv == 0, "query heads must be a multiple of KV heads");
+    auto out = at::empty({R, Hq, D}, q.options());
+    const float* Q = q.data_ptr<float>();
+    float* O = out.data_ptr<float>();
+    const float s = static_cast<float>(scale);
+    at::parallel_for(0, R * Hq, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> scores;
+        for (int64_t t = b; t < e; ++t) {
+            const int64_t r = t / Hq, h = t % Hq, g = h / (Hq / Hkv);
+            const at::Tensor& k = keys[r];
+            const at::Tensor& v = values[r];
+            const int64_t L = k.size(2);
+            scores.resize(static_cast<size_t>((L + 7) / 8 * 8));
+            attend_one(Q + t * D, k.data_ptr<float>() + g * k.stride(1), k.stride(2),
+                       v.data_ptr<float>() + g * v.stride(1), v.stride(2), L, D, s, scores.data(), O + t * D);
+        }
+    });
+    return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(selfspec_compact, lib) {
     lib.def("q4_1_linear(Tensor x, Tensor codes, Tensor d, Tensor m) -> Tensor");
     lib.def("q8_0_linear(Tensor x, Tensor codes, Tensor d) -> Tensor");
+    lib.def("decode_attention(Tensor q, Tensor[] keys, Tensor[] values, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(selfspec_compact, CPU, lib) {
     lib.impl("q4_1_linear", &q4_1_linear);
     lib.impl("q8_0_linear", &q8_0_linear);
+    lib.impl("decode_attention", &decode_attention);
 }
