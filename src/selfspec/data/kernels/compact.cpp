@@ -307,7 +307,7 @@ at::Tensor q8_0_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
     return out;
 }
 
-// ---- one-token attention (kernels/decode_attention.py) ----
+// ---- one-token attention (kernels/token_attention.py) ----
 // One query token of each of R requests against that request's own cached keys and values:
 // out[r, h] = sum_i p_i v_i / sum_i p_i, p_i = exp(s_i - max s), s_i = scale * (q[r, h] . k_i), over
 // the request's L_r positions of its KV head h / (Hq / Hkv). Each (request, head) runs on one thread
